@@ -1,0 +1,1 @@
+"""toolgate: an HTTP authorization service for LLM-agent tool calls."""

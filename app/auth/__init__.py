@@ -1,0 +1,1 @@
+"""Session authentication: who is calling, from the verified token only."""

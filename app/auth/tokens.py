@@ -1,0 +1,153 @@
+"""Verifying session tokens with PyJWT: pinned algorithms, required claims, cached keys.
+
+The algorithm allow-list comes from configuration, never from the token; ``none`` can never
+be in it. JWKS keys are cached by ``kid`` and refetched (at most once per cooldown) when an
+unknown ``kid`` appears, over the non-blocking outbound client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+from app.auth.principal import Principal
+from app.errors import Unauthenticated, Unavailable
+from app.outbound import NotSent, Outbound, Uncertain
+from app.settings import ConfigError, Settings
+
+JWKS_REFETCH_COOLDOWN_S = 30.0
+JWKS_TIMEOUT_S = 5.0
+
+
+class JwksCache:
+    def __init__(self, url: str, outbound: Outbound) -> None:
+        self._url = url
+        self._outbound = outbound
+        self._keys: dict[str | None, jwt.PyJWK] = {}
+        self._fetched_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def key(self, kid: str | None) -> jwt.PyJWK:
+        key = self._lookup(kid)
+        if key is not None:
+            return key
+        async with self._lock:
+            key = self._lookup(kid)
+            if key is None and time.monotonic() - self._fetched_at >= JWKS_REFETCH_COOLDOWN_S:
+                await self._refresh()
+                key = self._lookup(kid)
+        if key is None:
+            raise Unauthenticated("token signed with an unknown key")
+        return key
+
+    def _lookup(self, kid: str | None) -> jwt.PyJWK | None:
+        if kid is None and len(self._keys) == 1:
+            return next(iter(self._keys.values()))
+        return self._keys.get(kid)
+
+    async def _refresh(self) -> None:
+        self._fetched_at = time.monotonic()
+        try:
+            response = await self._outbound.request("GET", self._url, timeout_s=JWKS_TIMEOUT_S)
+        except (NotSent, Uncertain) as exc:
+            raise Unavailable("the token issuer's keys cannot be fetched") from exc
+        if response.status != 200 or not isinstance(response.body, dict):
+            raise Unavailable("the token issuer's keys cannot be fetched")
+        try:
+            keyset = jwt.PyJWKSet.from_dict(response.body)
+        except jwt.PyJWTError as exc:
+            raise Unavailable("the token issuer's key set is unusable") from exc
+        self._keys = {k.key_id: k for k in keyset.keys}
+
+
+class TokenVerifier:
+    def __init__(self, settings: Settings, outbound: Outbound) -> None:
+        settings.check_keys()
+        self._settings = settings
+        self._algorithms = list(settings.jwt_algorithms)
+        self._jwks = JwksCache(settings.jwks_url, outbound) if settings.jwks_url else None
+        self._static_key: Any = settings.jwt_secret
+        if settings.jwt_public_key_file is not None:
+            try:
+                self._static_key = load_pem_public_key(settings.jwt_public_key_file.read_bytes())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(
+                    f"TOOLGATE_JWT_PUBLIC_KEY is not a PEM public key: {exc}"
+                ) from None
+
+    async def verify(self, token: str) -> Principal:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise Unauthenticated("malformed token") from None
+        algorithm = header.get("alg")
+        if algorithm not in self._algorithms:
+            raise Unauthenticated("token algorithm not allowed")
+        key = self._static_key
+        if self._jwks is not None:
+            jwk = await self._jwks.key(header.get("kid"))
+            if jwk.algorithm_name != algorithm:
+                raise Unauthenticated("token algorithm does not match its key")
+            key = jwk.key
+        s = self._settings
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[algorithm],
+                issuer=s.jwt_issuer,
+                audience=s.jwt_audience,
+                options={
+                    "require": ["sub", "exp", s.tenant_claim]
+                    + (["iss"] if s.jwt_issuer else [])
+                    + (["aud"] if s.jwt_audience else []),
+                    "verify_aud": s.jwt_audience is not None,
+                },
+            )
+        except jwt.ExpiredSignatureError:
+            raise Unauthenticated("token expired") from None
+        except jwt.ImmatureSignatureError:
+            raise Unauthenticated("token not yet valid") from None
+        except (jwt.PyJWTError, ValueError, TypeError):
+            raise Unauthenticated("invalid token") from None
+        return self._principal(claims)
+
+    def _principal(self, claims: dict[str, Any]) -> Principal:
+        sub, tenant = claims.get("sub"), claims.get(self._settings.tenant_claim)
+        roles = claims.get(self._settings.roles_claim, [])
+        if isinstance(roles, str):
+            roles = roles.split()
+        if (
+            not isinstance(sub, str)
+            or not sub
+            or not isinstance(tenant, str)
+            or not tenant
+            or not isinstance(roles, list)
+            or not all(isinstance(r, str) for r in roles)
+        ):
+            raise Unauthenticated("token claims are malformed")
+        sid = claims.get("sid")
+        return Principal(sub, tenant, frozenset(roles), sid if isinstance(sid, str) else None)
+
+
+def mint(settings: Settings, sub: str, tenant: str, roles: list[str], ttl_s: int) -> str:
+    """An HS256 token signed with the configured secret, for local trials (``toolgate token``)."""
+    if not settings.jwt_secret:
+        raise ConfigError("toolgate token needs TOOLGATE_JWT_SECRET")
+    now = int(time.time())
+    claims: dict[str, Any] = {
+        "sub": sub,
+        settings.tenant_claim: tenant,
+        settings.roles_claim: roles,
+        "iat": now,
+        "exp": now + ttl_s,
+    }
+    if settings.jwt_issuer:
+        claims["iss"] = settings.jwt_issuer
+    if settings.jwt_audience:
+        claims["aud"] = settings.jwt_audience
+    return jwt.encode(claims, settings.jwt_secret, algorithm="HS256")

@@ -1,0 +1,1 @@
+"""Tool calls: propose, dry-run, execute — the decision and its recording."""

@@ -1,0 +1,110 @@
+"""Talking to catalog providers: owner lookups and forwarded calls.
+
+URLs come only from the catalog: the provider's ``base_url`` plus the endpoint path, with
+placeholders filled from (URL-encoded) arguments. Identity headers come from the verified
+principal. Transport failures are mapped to SPEC's provider errors by the caller, who knows
+whether an uncertain outcome matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from app.auth.principal import Principal
+from app.calls.policy import Owner
+from app.catalog.models import Endpoint, Provider, Resource
+from app.errors import ProviderUnavailable
+from app.outbound import NotSent, Outbound, Response, Uncertain
+from app.telemetry import inject_trace
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    method: str
+    url: str
+    params: dict[str, str] | None
+    json: dict[str, Any] | None
+
+
+def build_request(
+    provider: Provider, endpoint: Endpoint, arguments: Mapping[str, Any]
+) -> ProviderRequest:
+    path = endpoint.path
+    for name in endpoint.placeholders:
+        path = path.replace("{" + name + "}", quote(_text(arguments[name]), safe=""))
+    rest = {k: v for k, v in arguments.items() if k not in endpoint.placeholders}
+    if endpoint.method in ("GET", "DELETE"):
+        params = {k: _text(v) for k, v in rest.items()}
+        return ProviderRequest(endpoint.method, provider.base_url + path, params or None, None)
+    return ProviderRequest(endpoint.method, provider.base_url + path, None, rest)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+class Gateway:
+    def __init__(self, outbound: Outbound) -> None:
+        self._outbound = outbound
+
+    async def owner(self, resource: Resource, resource_id: str) -> Owner | None:
+        """The resource's owner, or ``None`` when the provider does not know it.
+
+        Anything but a clear answer is an outage (502), never an allow.
+        """
+        request = build_request(resource.provider, resource.owner, {"id": resource_id})
+        try:
+            response = await self._send(resource.provider, request, {})
+        except (NotSent, Uncertain) as exc:
+            raise ProviderUnavailable("the resource owner could not be looked up") from exc
+        body = response.body
+        if (
+            response.status == 200
+            and isinstance(body, dict)
+            and isinstance(body.get("tenant"), str)
+        ):
+            user = body.get("user")
+            return Owner(body["tenant"], user if isinstance(user, str) else None)
+        if 400 <= response.status < 500:
+            return None
+        raise ProviderUnavailable("the resource owner could not be looked up")
+
+    async def call(
+        self,
+        provider: Provider,
+        endpoint: Endpoint,
+        arguments: Mapping[str, Any],
+        principal: Principal,
+        call_id: str,
+        operation_id: str | None = None,
+    ) -> Response:
+        """Forward one call; raises ``NotSent`` / ``Uncertain`` from the transport."""
+        headers = {
+            "X-Toolgate-Actor": principal.sub,
+            "X-Toolgate-Tenant": principal.tenant,
+            "X-Toolgate-Call-Id": call_id,
+        }
+        if operation_id is not None:
+            headers["Idempotency-Key"] = operation_id
+        return await self._send(provider, build_request(provider, endpoint, arguments), headers)
+
+    async def _send(
+        self, provider: Provider, request: ProviderRequest, headers: dict[str, str]
+    ) -> Response:
+        all_headers = {**provider.headers, **headers}
+        inject_trace(all_headers)
+        return await self._outbound.request(
+            request.method,
+            request.url,
+            timeout_s=provider.timeout_s,
+            headers=all_headers,
+            json=request.json,
+            params=request.params,
+        )

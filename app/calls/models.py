@@ -1,0 +1,61 @@
+"""Request bodies (unknown fields refused) and the stored call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProposeBody(_Body):
+    tool: str = Field(min_length=1, max_length=200)
+    arguments: dict[str, Any]
+    run_id: str | None = Field(default=None, max_length=200)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+
+
+class ExecuteBody(_Body):
+    tool: str = Field(min_length=1, max_length=200)
+    arguments: dict[str, Any]
+    approval_id: str | None = Field(default=None, max_length=200)
+    dry_run_id: str | None = Field(default=None, max_length=200)
+    call_id: str | None = Field(default=None, max_length=200)
+    run_id: str | None = Field(default=None, max_length=200)
+
+
+@dataclass(frozen=True)
+class CallRow:
+    id: str
+    tenant: str
+    actor: str
+    tool: str
+    run_id: str | None
+    tool_call_id: str | None
+    arguments: dict[str, Any] | None
+    fingerprint: str | None
+    target_type: str | None
+    target_id: str | None
+    mutation: bool | None
+    impact: str | None
+    decision: str
+    code: str | None
+    reason: str | None
+    next: str | None
+    state: str
+    policy_version: str
+    proposed_by: str
+    authorized_by: dict[str, Any] | None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @property
+    def target(self) -> dict[str, str] | None:
+        if self.target_type is None or self.target_id is None:
+            return None
+        return {"type": self.target_type, "id": self.target_id}

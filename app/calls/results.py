@@ -1,0 +1,56 @@
+"""Trimming what a provider returns before it reaches the model (catalog ``result``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+REDACTED = "[redacted]"
+
+
+def minimize(body: Any, fields: Iterable[str] | None, redact: Iterable[str]) -> Any:
+    """Keep only ``fields`` (dotted paths; ``None`` keeps all), then mask ``redact`` paths.
+
+    Lists are walked element-wise, so ``items.id`` keeps ``id`` of every item.
+    """
+    kept = copy.deepcopy(body) if fields is None else _keep(body, [f.split(".") for f in fields])
+    for dotted in redact:
+        _mask(kept, dotted.split("."))
+    return kept
+
+
+def _keep(node: Any, paths: list[list[str]]) -> Any:
+    if isinstance(node, list):
+        return [_keep(item, paths) for item in node]
+    if not isinstance(node, dict):
+        return None
+    result: dict[str, Any] = {}
+    for head in dict.fromkeys(p[0] for p in paths):
+        if head not in node:
+            continue
+        rests = [p[1:] for p in paths if p[0] == head]
+        if any(not rest for rest in rests):
+            result[head] = copy.deepcopy(node[head])
+        else:
+            result[head] = _keep(node[head], rests)
+    return result
+
+
+def _mask(node: Any, path: list[str]) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _mask(item, path)
+    elif isinstance(node, dict) and path[0] in node:
+        if len(path) == 1:
+            node[path[0]] = REDACTED
+        else:
+            _mask(node[path[0]], path[1:])
+
+
+def mask_arguments(arguments: Any, sensitive: Iterable[str]) -> Any:
+    """Arguments as the audit trail and listings show them: sensitive values masked."""
+    if not isinstance(arguments, dict):
+        return arguments
+    hidden = set(sensitive)
+    return {k: REDACTED if k in hidden else v for k, v in arguments.items()}

@@ -1,0 +1,294 @@
+"""Validate a catalog completely and compile it, or list every problem with its place.
+
+Everything SPEC §3 says ``toolgate check`` must refuse is refused here, so ``serve`` and
+``check`` share one definition of "valid".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import cel
+import jsonschema_rs
+import pydantic
+import rfc8785
+
+from app.catalog.models import Catalog, Endpoint, Impact, Provider, Resource, Tool
+from app.catalog.source import Problem, Source, interpolate, read
+from app.catalog.spec import CatalogSpec, EndpointSpec, ToolSpec
+
+ANNOTATIONS = {"x-identity", "x-resource", "x-egress", "x-sensitive"}
+CEL_VARIABLES = {"args", "principal"}
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+class CatalogError(Exception):
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+def load(location: Path, env: Mapping[str, str]) -> Catalog:
+    """Load and compile the catalog at ``location``; raise ``CatalogError`` listing problems."""
+    source = read(location)
+    if source.problems:
+        raise CatalogError(source.problems)
+    try:
+        spec = CatalogSpec.model_validate(source.document)
+    except pydantic.ValidationError as exc:
+        for error in exc.errors():
+            source.problem(tuple(error["loc"]), error["msg"])
+        raise CatalogError(source.problems) from None
+    catalog = _compile(spec, source, env)
+    if source.problems:
+        raise CatalogError(source.problems)
+    assert catalog is not None
+    return catalog
+
+
+def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catalog | None:
+    providers: dict[str, Provider] = {}
+    for name, p in spec.providers.items():
+        try:
+            base_url = interpolate(p.base_url, env).rstrip("/")
+            headers = {k: interpolate(v, env) for k, v in p.headers.items()}
+        except KeyError as missing:
+            source.problem(("providers", name), f"environment variable {missing} is not set")
+            continue
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
+            source.problem(("providers", name, "base_url"), "must be an http(s) URL with a host")
+            continue
+        providers[name] = Provider(name, base_url, p.timeout_s, headers)
+    resources: dict[str, Resource] = {}
+    for name, r in spec.resources.items():
+        where = ("resources", name)
+        endpoint = _endpoint(r.owner, {"id"}, (*where, "owner"), source)
+        if r.provider not in spec.providers:
+            source.problem((*where, "provider"), f"unknown provider {r.provider!r}")
+        elif r.provider in providers:
+            resources[name] = Resource(name, providers[r.provider], endpoint)
+    tools = {}
+    for name, t in spec.tools.items():
+        tool = _tool(name, t, providers, resources, spec, source)
+        if tool is not None:
+            tools[name] = tool
+    if source.problems:
+        return None
+    digest = hashlib.sha256(rfc8785.dumps(source.document)).hexdigest()[:6]
+    return Catalog(label=spec.version, policy_version=f"{spec.version}#{digest}", tools=tools)
+
+
+def _tool(
+    name: str,
+    t: ToolSpec,
+    providers: Mapping[str, Provider],
+    resources: Mapping[str, Resource],
+    spec: CatalogSpec,
+    source: Source,
+) -> Tool | None:
+    where = ("tools", name)
+    before = len(source.problems)
+    if t.provider not in spec.providers:
+        source.problem((*where, "provider"), f"unknown provider {t.provider!r}")
+    required = set(t.parameters.get("required", [])) if isinstance(t.parameters, dict) else set()
+    validator = _schema(t.parameters, (*where, "parameters"), source)
+    annotations = _annotations(t.parameters, (*where, "parameters"), spec, source)
+    if t.execute is None:
+        source.problem(where, "a tool needs an execute endpoint")
+    endpoints = {
+        "execute": (t.execute, required),
+        "dry_run": (t.dry_run, required),
+        "reconcile": (t.reconcile, {"operation_id"}),
+    }
+    compiled = {
+        key: _endpoint(e, allowed, (*where, key), source) if e else None
+        for key, (e, allowed) in endpoints.items()
+    }
+    if t.require_dry_run and t.dry_run is None:
+        source.problem((*where, "require_dry_run"), "require_dry_run needs a dry_run endpoint")
+    program = _cel(t.high_impact_when, (*where, "high_impact_when"), source)
+    if t.mutation:
+        impact: Impact = t.impact or "low"
+        if (impact == "high" or program is not None) and t.approval is None:
+            source.problem(
+                (*where, "approval"), "a tool that can be high impact needs an approval section"
+            )
+    else:
+        impact = "read"
+        for key in ("impact", "high_impact_when", "approval", "reconcile", "require_dry_run"):
+            if key in t.model_fields_set:
+                source.problem((*where, key), f"{key} only applies to mutations")
+    for i, approver in enumerate(t.approval.approvers if t.approval else []):
+        if approver != "owner" and not re.fullmatch(r"role:[^\s:]+", approver):
+            source.problem(
+                (*where, "approval", "approvers", i), "approvers are 'owner' or 'role:<name>'"
+            )
+    for key, paths in (("fields", t.result.fields or []), ("redact", t.result.redact)):
+        for i, dotted in enumerate(paths):
+            if not all(dotted.split(".")):
+                source.problem((*where, "result", key, i), f"bad dotted path {dotted!r}")
+    if len(source.problems) > before or validator is None or annotations is None:
+        return None
+    if t.provider not in providers or any(kind not in resources for _, kind in annotations[1]):
+        return None  # already reported where the provider or resource is defined
+    identity, resource_names, egress, sensitive = annotations
+    execute = compiled["execute"]
+    assert execute is not None
+    return Tool(
+        name=name,
+        description=t.description,
+        mutation=t.mutation,
+        provider=providers[t.provider],
+        execute=execute,
+        dry_run=compiled["dry_run"],
+        reconcile=compiled["reconcile"],
+        require_dry_run=t.require_dry_run,
+        impact=impact,
+        high_impact_when=program,
+        approval=t.approval,
+        access=t.access,
+        cost=t.cost,
+        parameters=t.parameters,
+        public_parameters=_strip_annotations(t.parameters),
+        validator=validator,
+        identity_args=identity,
+        resource_args=tuple((arg, resources[kind]) for arg, kind in resource_names),
+        egress_args=egress,
+        sensitive_args=sensitive,
+        result=t.result,
+    )
+
+
+def _endpoint(
+    e: EndpointSpec, allowed: set[str], where: tuple[str | int, ...], source: Source
+) -> Endpoint:
+    names = tuple(_PLACEHOLDER.findall(e.path))
+    for placeholder in names:
+        if placeholder not in allowed:
+            source.problem(
+                (*where, "path"),
+                f"placeholder {{{placeholder}}} has no matching required argument",
+            )
+    return Endpoint(method=e.method, path=e.path, placeholders=names)
+
+
+def _schema(
+    schema: dict[str, Any], where: tuple[str | int, ...], source: Source
+) -> jsonschema_rs.Draft202012Validator | None:
+    if schema.get("type") != "object":
+        source.problem(where, "parameters must be a JSON Schema with type: object")
+        return None
+    if "$schema" in schema and "2020-12" not in str(schema["$schema"]):
+        source.problem((*where, "$schema"), "only JSON Schema 2020-12 is supported")
+        return None
+    try:
+        jsonschema_rs.meta.validate(schema)
+        return jsonschema_rs.Draft202012Validator(schema, validate_formats=True)
+    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
+        source.problem(where, f"invalid JSON Schema: {str(exc).splitlines()[0]}")
+        return None
+
+
+Annotations = tuple[dict[str, Any], list[tuple[str, str]], tuple[str, ...], frozenset[str]]
+
+
+def _annotations(
+    schema: dict[str, Any], where: tuple[str | int, ...], spec: CatalogSpec, source: Source
+) -> Annotations | None:
+    """Collect the ``x-`` annotations; they are honoured on top-level properties only."""
+    before = len(source.problems)
+    properties = schema.get("properties", {})
+    for path, key in _annotation_keys(schema, ()):
+        if len(path) != 2 or path[0] != "properties" or key not in ANNOTATIONS:
+            source.problem(
+                (*where, *path, key),
+                "unknown annotation"
+                if key not in ANNOTATIONS
+                else "annotations are only honoured on top-level properties",
+            )
+    identity: dict[str, Any] = {}
+    resource_names: list[tuple[str, str]] = []
+    egress: list[str] = []
+    sensitive: set[str] = set()
+    for arg, prop in properties.items() if isinstance(properties, dict) else ():
+        if not isinstance(prop, dict):
+            continue
+        here = (*where, "properties", arg)
+        if "x-identity" in prop:
+            if prop["x-identity"] not in ("user", "tenant"):
+                source.problem((*here, "x-identity"), "x-identity is 'user' or 'tenant'")
+            identity[arg] = prop["x-identity"]
+        if "x-resource" in prop:
+            if prop["x-resource"] not in spec.resources:
+                source.problem((*here, "x-resource"), f"unknown resource {prop['x-resource']!r}")
+            resource_names.append((arg, prop["x-resource"]))
+        if "x-egress" in prop:
+            if prop["x-egress"] != "public":
+                source.problem((*here, "x-egress"), "x-egress supports only 'public'")
+            egress.append(arg)
+        if "x-sensitive" in prop:
+            if not isinstance(prop["x-sensitive"], bool):
+                source.problem((*here, "x-sensitive"), "x-sensitive is true or false")
+            elif prop["x-sensitive"]:
+                sensitive.add(arg)
+    if len(source.problems) > before:
+        return None
+    return identity, resource_names, tuple(egress), frozenset(sensitive)
+
+
+_NAME_MAPS = {"properties", "patternProperties", "$defs", "dependentSchemas"}
+_VALUES = {"default", "enum", "const", "examples"}
+
+
+def _annotation_keys(
+    node: Any, path: tuple[str | int, ...], names: bool = False
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """Every ``x-`` keyword in a schema, skipping property names and literal values."""
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not names and isinstance(key, str) and key.startswith("x-"):
+                found.append((path, key))
+            elif names or key not in _VALUES:
+                found.extend(_annotation_keys(value, (*path, key), not names and key in _NAME_MAPS))
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            found.extend(_annotation_keys(item, (*path, i)))
+    return found
+
+
+def _strip_annotations(node: Any, names: bool = False) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: v
+            if not names and k in _VALUES
+            else _strip_annotations(v, not names and k in _NAME_MAPS)
+            for k, v in node.items()
+            if names or not (isinstance(k, str) and k.startswith("x-"))
+        }
+    if isinstance(node, list):
+        return [_strip_annotations(item) for item in node]
+    return node
+
+
+def _cel(
+    expression: str | None, where: tuple[str | int, ...], source: Source
+) -> cel.Program | None:
+    if expression is None:
+        return None
+    try:
+        program = cel.compile(expression)
+    except ValueError as exc:
+        source.problem(where, f"CEL does not compile: {str(exc).splitlines()[0]}")
+        return None
+    unknown = set(program.variables()) - CEL_VARIABLES
+    if unknown:
+        source.problem(where, f"CEL may only reference args and principal, not {sorted(unknown)}")
+        return None
+    return program

@@ -1,0 +1,71 @@
+"""The compiled catalog: frozen values the request path reads and never changes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import cel
+import jsonschema_rs
+
+from app.catalog.spec import AccessSpec, ApprovalSpec, Method, ResultSpec
+
+Impact = Literal["read", "low", "high"]
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    base_url: str
+    timeout_s: float
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: Method
+    path: str
+    placeholders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Resource:
+    type: str
+    provider: Provider
+    owner: Endpoint
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    mutation: bool
+    provider: Provider
+    execute: Endpoint
+    dry_run: Endpoint | None
+    reconcile: Endpoint | None
+    require_dry_run: bool
+    impact: Impact
+    high_impact_when: cel.Program | None
+    approval: ApprovalSpec | None
+    access: AccessSpec
+    cost: float
+    parameters: Mapping[str, Any]
+    """The schema as the catalog wrote it, annotations included."""
+    public_parameters: Mapping[str, Any]
+    """The schema with every ``x-`` annotation stripped, for tool listings."""
+    validator: jsonschema_rs.Draft202012Validator
+    identity_args: Mapping[str, Literal["user", "tenant"]]
+    resource_args: tuple[tuple[str, Resource], ...]
+    """``x-resource`` arguments in schema order; the first present one is the target."""
+    egress_args: tuple[str, ...]
+    sensitive_args: frozenset[str]
+    result: ResultSpec
+
+
+@dataclass(frozen=True)
+class Catalog:
+    label: str
+    policy_version: str
+    tools: Mapping[str, Tool]

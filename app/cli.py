@@ -1,0 +1,120 @@
+"""The ``toolgate`` command: serve, migrate, check, token (SPEC §2)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from app.settings import ConfigError, Settings
+
+# CLI flags that override the matching TOOLGATE_* variable, for every subcommand.
+_OVERRIDES = {
+    "catalog": "TOOLGATE_CATALOG",
+    "database_url": "TOOLGATE_DATABASE_URL",
+    "redis_url": "TOOLGATE_REDIS_URL",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolgate", description=__doc__)
+    parser.add_argument("--catalog", help="catalog file or directory (TOOLGATE_CATALOG)")
+    parser.add_argument("--database-url", help="postgresql:// URL (TOOLGATE_DATABASE_URL)")
+    parser.add_argument("--redis-url", help="redis:// URL (TOOLGATE_REDIS_URL)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the service")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1)
+    commands.add_parser("migrate", help="apply the SQL migrations")
+    check = commands.add_parser("check", help="validate a catalog")
+    check.add_argument("path", nargs="?", help="catalog file or directory")
+    token = commands.add_parser("token", help="mint an HS256 token for local trials")
+    token.add_argument("--sub", required=True)
+    token.add_argument("--tenant", required=True)
+    token.add_argument("--roles", default="")
+    token.add_argument("--ttl", type=int, default=3600)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    for flag, variable in _OVERRIDES.items():
+        if getattr(args, flag):
+            os.environ[variable] = getattr(args, flag)
+    try:
+        settings = Settings.from_env()
+        if args.command == "serve":
+            return _serve(settings, args.host, args.port, args.workers)
+        if args.command == "migrate":
+            applied = asyncio.run(_migrate(settings))
+            print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+            return 0
+        if args.command == "check":
+            return _check(settings, Path(args.path) if args.path else settings.catalog_path)
+        roles = [r for r in args.roles.split(",") if r]
+        from app.auth.tokens import mint
+
+        print(mint(settings, args.sub, args.tenant, roles, args.ttl))
+        return 0
+    except ConfigError as exc:
+        print(f"toolgate: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _migrate(settings: Settings) -> list[str]:
+    from app.db import migrate
+
+    try:
+        return await migrate(settings.check_database())
+    except OSError as exc:
+        raise ConfigError(f"database unreachable: {exc}") from None
+
+
+def _check(settings: Settings, path: Path) -> int:
+    from app.catalog.loader import CatalogError, load
+
+    try:
+        catalog = load(path, settings.env)
+    except CatalogError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"{len(exc.problems)} problem(s) in {path}", file=sys.stderr)
+        return 1
+    print(f"{path}: {len(catalog.tools)} tools, policy_version {catalog.policy_version}")
+    return 0
+
+
+def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
+    """Check everything a worker would, so a bad start fails here with a clear message."""
+    import uvicorn
+
+    from app.catalog.loader import CatalogError
+    from app.main import close_state, open_state
+
+    async def preflight() -> None:
+        await close_state(await open_state(settings))
+
+    try:
+        asyncio.run(preflight())
+    except CatalogError as exc:
+        raise ConfigError(f"invalid catalog:\n{exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"database unreachable: {exc}") from None
+    uvicorn.run(
+        "app.main:serve_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        loop="uvloop",
+        http="httptools",
+        log_level="info",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The PostgreSQL facade: a pool, explicit transactions, and failures mapped to 503.
+
+Only this module imports asyncpg. SQL lives in each capability's ``store`` module and takes
+a ``Connection`` from here; the use case owns the transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import asyncpg
+
+from app.errors import Unavailable
+
+Connection = asyncpg.Connection
+Record = asyncpg.Record
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+_UNAVAILABLE = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+)
+
+
+async def _init(conn: Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+class Database:
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self, min_size: int = 2, max_size: int = 20) -> None:
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._url, min_size=min_size, max_size=max_size, init=_init, command_timeout=10
+            )
+        except _UNAVAILABLE as exc:
+            raise Unavailable(f"database unreachable: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """A connection inside one transaction; connection trouble becomes ``Unavailable``."""
+        assert self._pool is not None, "Database.open() was not awaited"
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                yield conn
+        except _UNAVAILABLE as exc:
+            raise Unavailable("database unavailable") from exc
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """A connection for reads outside an explicit transaction."""
+        assert self._pool is not None, "Database.open() was not awaited"
+        try:
+            async with self._pool.acquire() as conn:
+                yield conn
+        except _UNAVAILABLE as exc:
+            raise Unavailable("database unavailable") from exc
+
+    async def ping(self) -> bool:
+        try:
+            async with self.connection() as conn:
+                return bool(await conn.fetchval("SELECT 1"))
+        except Unavailable:
+            return False
+
+
+def migration_files() -> list[tuple[str, Path]]:
+    return sorted((p.stem, p) for p in MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+
+
+_SCHEMA_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version text PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+
+async def migrate(url: str) -> list[str]:
+    """Apply pending migrations in order, each in its own transaction; return their names.
+
+    An advisory lock keeps two instances from migrating at once.
+    """
+    conn = await asyncpg.connect(url)
+    applied: list[str] = []
+    try:
+        await conn.execute("SELECT pg_advisory_lock(74201)")
+        await conn.execute(_SCHEMA_TABLE)
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        for version, path in migration_files():
+            if version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(path.read_text(encoding="utf-8"))
+                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)
+            applied.append(version)
+    finally:
+        await conn.close()
+    return applied
+
+
+async def pending_migrations(url: str) -> list[str]:
+    """Migrations not yet applied to the database at ``url`` (all of them if none are)."""
+    conn = await asyncpg.connect(url)
+    try:
+        exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+        done = (
+            {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            if exists
+            else set()
+        )
+    finally:
+        await conn.close()
+    return [version for version, _ in migration_files() if version not in done]

@@ -1,0 +1,104 @@
+"""The application: ``create_app(settings)`` and a lifespan that opens everything it needs.
+
+Nothing connects at import time. Startup fails (and the process exits) on an invalid
+catalog, unusable keys, an unreachable or unmigrated database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from app import health, telemetry
+from app.auth.tokens import TokenVerifier
+from app.calls import router as calls
+from app.calls.gateway import Gateway
+from app.catalog.loader import load
+from app.db import Database, pending_migrations
+from app.errors import InvalidRequest, NotFound, ToolgateError
+from app.locks import Locks
+from app.outbound import Outbound
+from app.responses import JSON, problem
+from app.settings import ConfigError, Settings
+from app.state import AppState
+
+
+async def open_state(settings: Settings) -> AppState:
+    """Everything a request needs, or ``ConfigError`` saying why it cannot start."""
+    catalog = load(settings.catalog_path, settings.env)
+    url = settings.check_database()
+    pending = await pending_migrations(url)
+    if pending:
+        raise ConfigError(
+            f"the database schema is not at the latest migration (pending: {', '.join(pending)});"
+            " run `toolgate migrate`"
+        )
+    outbound = Outbound()
+    await outbound.start()
+    verifier = TokenVerifier(settings, outbound)
+    db = Database(url)
+    await db.open()
+    return AppState(
+        settings=settings,
+        catalog=catalog,
+        db=db,
+        gateway=Gateway(outbound),
+        outbound=outbound,
+        verifier=verifier,
+        locks=Locks(settings.redis_url),
+    )
+
+
+async def close_state(state: AppState) -> None:
+    await state.db.close()
+    await state.outbound.close()
+    await state.locks.close()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state = await open_state(app.state.settings)
+    app.state.toolgate = state
+    try:
+        yield
+    finally:
+        await close_state(state)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    telemetry.setup()
+    app = FastAPI(title="toolgate", lifespan=lifespan, openapi_url=None)
+    app.state.settings = settings
+    app.include_router(health.router)
+    app.include_router(calls.router)
+
+    @app.exception_handler(ToolgateError)
+    async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:
+        return problem(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid_body(request: Request, error: RequestValidationError) -> Any:
+        errors = [
+            {"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
+            for e in error.errors()
+        ]
+        return problem(InvalidRequest("the request body is malformed", errors=errors))
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, error: HTTPException) -> Any:
+        if error.status_code == 404:
+            return problem(NotFound("no such endpoint"))
+        body = {**InvalidRequest(str(error.detail)).problem(), "status": error.status_code}
+        return JSON(body, status_code=error.status_code, media_type="application/problem+json")
+
+    return app
+
+
+def serve_app() -> FastAPI:
+    """Factory for uvicorn workers: settings from the environment."""
+    return create_app(Settings.from_env())

@@ -1,0 +1,106 @@
+"""Configuration from the ``TOOLGATE_*`` environment variables (SPEC §2).
+
+``Settings`` is built once, validated completely, and passed down; nothing else reads the
+environment. A bad configuration raises ``ConfigError`` with a message fit for an operator.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIN_SECRET_BYTES = 32
+
+
+class ConfigError(Exception):
+    """The configuration cannot work; ``serve`` prints the message and exits non-zero."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    catalog_path: Path
+    database_url: str | None
+    redis_url: str | None
+    jwt_secret: str | None
+    jwt_public_key_file: Path | None
+    jwks_url: str | None
+    jwt_algorithms: tuple[str, ...]
+    jwt_issuer: str | None
+    jwt_audience: str | None
+    tenant_claim: str
+    roles_claim: str
+    auditor_role: str
+    admin_role: str
+    idempotency_ttl_s: int
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """The environment the settings came from; catalog ``${ENV}`` references resolve here."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = env.get(f"TOOLGATE_{name}", "").strip()
+            return value or None
+
+        secret, public_key, jwks_url = get("JWT_SECRET"), get("JWT_PUBLIC_KEY"), get("JWKS_URL")
+        algorithms = get("JWT_ALGORITHMS")
+        if algorithms:
+            allowed = tuple(a.strip() for a in algorithms.split(",") if a.strip())
+        else:
+            allowed = ("HS256",) if secret else ("RS256", "ES256", "EdDSA")
+        ttl = get("IDEMPOTENCY_TTL_S") or "86400"
+        if not ttl.isdigit() or int(ttl) <= 0:
+            raise ConfigError("TOOLGATE_IDEMPOTENCY_TTL_S must be a positive number of seconds")
+        return cls(
+            catalog_path=Path(get("CATALOG") or "catalog/"),
+            database_url=get("DATABASE_URL"),
+            redis_url=get("REDIS_URL"),
+            jwt_secret=secret,
+            jwt_public_key_file=Path(public_key) if public_key else None,
+            jwks_url=jwks_url,
+            jwt_algorithms=allowed,
+            jwt_issuer=get("JWT_ISSUER"),
+            jwt_audience=get("JWT_AUDIENCE"),
+            tenant_claim=get("TENANT_CLAIM") or "tid",
+            roles_claim=get("ROLES_CLAIM") or "roles",
+            auditor_role=get("AUDITOR_ROLE") or "auditor",
+            admin_role=get("ADMIN_ROLE") or "admin",
+            idempotency_ttl_s=int(ttl),
+            env=dict(env),
+        )
+
+    def check_keys(self) -> None:
+        """Refuse a key configuration that cannot verify tokens safely."""
+        sources = [s for s in (self.jwt_secret, self.jwt_public_key_file, self.jwks_url) if s]
+        if len(sources) != 1:
+            raise ConfigError(
+                "set exactly one of TOOLGATE_JWT_SECRET, TOOLGATE_JWT_PUBLIC_KEY, "
+                f"TOOLGATE_JWKS_URL (found {len(sources)})"
+            )
+        if "none" in {a.lower() for a in self.jwt_algorithms}:
+            raise ConfigError("TOOLGATE_JWT_ALGORITHMS must not contain 'none'")
+        if not self.jwt_algorithms:
+            raise ConfigError("TOOLGATE_JWT_ALGORITHMS is empty")
+        hmac = {a for a in self.jwt_algorithms if a.startswith("HS")}
+        if self.jwt_secret is not None:
+            if len(self.jwt_secret.encode()) < MIN_SECRET_BYTES:
+                raise ConfigError(f"TOOLGATE_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes")
+            if hmac != set(self.jwt_algorithms):
+                raise ConfigError("a shared secret only verifies HS* algorithms")
+        elif hmac:
+            raise ConfigError("HS* algorithms need TOOLGATE_JWT_SECRET, not a public key")
+        if self.jwt_public_key_file is not None and not self.jwt_public_key_file.is_file():
+            raise ConfigError(f"TOOLGATE_JWT_PUBLIC_KEY: no such file {self.jwt_public_key_file}")
+
+    def check_database(self) -> str:
+        if not self.database_url:
+            raise ConfigError(
+                "TOOLGATE_DATABASE_URL is required (postgresql://...); "
+                "the embedded single-node store is not available yet"
+            )
+        if not self.database_url.startswith(("postgresql://", "postgres://")):
+            raise ConfigError("TOOLGATE_DATABASE_URL must be a postgresql:// URL")
+        return self.database_url

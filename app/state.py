@@ -1,0 +1,25 @@
+"""What the lifespan opens and every request uses, as one typed object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.auth.tokens import TokenVerifier
+from app.calls.gateway import Gateway
+from app.catalog.models import Catalog
+from app.db import Database
+from app.locks import Locks
+from app.outbound import Outbound
+from app.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    catalog: Catalog
+    """Replaced whole on reload; a request reads it once and keeps that version."""
+    db: Database
+    gateway: Gateway
+    outbound: Outbound
+    verifier: TokenVerifier
+    locks: Locks

@@ -1,0 +1,144 @@
+"""Shared fixtures: a fresh PostgreSQL database and Redis prefix per run, the demo providers
+as a real HTTP server, and the app called through its ASGI interface.
+
+Set ``TOOLGATE_TEST_POSTGRES`` / ``TOOLGATE_TEST_REDIS`` to point elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from aiohttp import web
+
+from app.auth.tokens import mint
+from app.db import migrate
+from app.main import create_app
+from app.settings import Settings
+from examples.demo_providers import build_app as build_providers
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN_DSN = os.environ.get("TOOLGATE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("TOOLGATE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+SECRET = "test-secret-" + "x" * 32
+RUN = secrets.token_hex(4)
+
+
+@pytest.fixture(scope="session")
+async def database_url() -> AsyncIterator[str]:
+    name = f"toolgate_test_{RUN}"
+    admin = await asyncpg.connect(ADMIN_DSN)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = ADMIN_DSN.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        await migrate(url)
+        yield url
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+async def providers_url() -> AsyncIterator[str]:
+    runner = web.AppRunner(build_providers())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+def make_env(database_url: str, providers_url: str, **extra: str) -> dict[str, str]:
+    return {
+        "TOOLGATE_CATALOG": str(ROOT / "catalog"),
+        "TOOLGATE_DATABASE_URL": database_url,
+        "TOOLGATE_REDIS_URL": REDIS_URL,
+        "TOOLGATE_JWT_SECRET": SECRET,
+        "DEMO_PROVIDERS_URL": providers_url,
+        **extra,
+    }
+
+
+@pytest.fixture(scope="session")
+async def settings(database_url: str, providers_url: str) -> Settings:
+    return Settings.from_env(make_env(database_url, providers_url))
+
+
+@pytest.fixture(scope="session")
+async def app(settings: Settings) -> AsyncIterator[Any]:
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def client(app: Any, database_url: str, providers: Providers) -> AsyncIterator[httpx.AsyncClient]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("TRUNCATE calls, audit_events RESTART IDENTITY")
+    finally:
+        await conn.close()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as c:
+        yield c
+
+
+class Providers:
+    """The demo providers' control surface: what they saw and how many effects happened."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    async def _control(self, method: str, path: str, **kwargs: Any) -> Any:
+        async with httpx.AsyncClient(base_url=self.base_url) as c:
+            response = await c.request(method, f"/_control/{path}", **kwargs)
+            response.raise_for_status()
+            return response.json()
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._control("GET", "stats")  # type: ignore[no-any-return]
+
+    async def requests(self) -> list[dict[str, Any]]:
+        return (await self.stats())["requests"]  # type: ignore[no-any-return]
+
+    async def fault(self, path: str, mode: str, count: int = 1, seconds: float = 0) -> None:
+        await self._control(
+            "POST", "faults", json={"path": path, "mode": mode, "count": count, "seconds": seconds}
+        )
+
+
+@pytest.fixture
+async def providers(providers_url: str) -> Providers:
+    control = Providers(providers_url)
+    await control._control("POST", "reset")
+    return control
+
+
+@pytest.fixture(scope="session")
+def token(settings: Settings) -> Callable[..., str]:
+    def make(sub: str = "alice", tenant: str = "acme", roles: str = "support", ttl: int = 600) -> str:
+        return mint(settings, sub, tenant, [r for r in roles.split(",") if r], ttl)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def auth(token: Callable[..., str]) -> Callable[..., dict[str, str]]:
+    def headers(sub: str = "alice", tenant: str = "acme", roles: str = "support") -> dict[str, str]:
+        return {"Authorization": f"Bearer {token(sub, tenant, roles)}"}
+
+    return headers
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()

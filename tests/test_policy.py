@@ -1,0 +1,188 @@
+"""The pure decision: no database, no network — the many fast tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.auth.principal import Principal
+from app.calls import policy
+from app.calls.policy import Facts, Owner
+from app.catalog.models import Catalog
+from app.errors import IdentitySpoof, InvalidArguments, ToolForbidden
+from tests.catalogs import small_catalog
+
+ALICE = Principal("alice", "acme", frozenset({"support"}))
+ACME = Owner("acme", "dave")
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
+    return small_catalog(tmp_path_factory.mktemp("catalog"))
+
+
+def refund(catalog: Catalog, **overrides: object) -> policy.PreparedCall:
+    args = {"order_id": "ord_1", "amount": 50, "customer_id": "alice", **overrides}
+    return policy.prepare(catalog.tools["issue_refund"], args)
+
+
+def facts(owner: Owner | None = ACME, **addresses: tuple[str, ...]) -> Facts:
+    return Facts(owners={"order_id": owner, "customer_id": owner}, addresses=addresses)
+
+
+def test_defaults_are_filled_and_the_target_is_the_first_resource(catalog: Catalog) -> None:
+    call = refund(catalog)
+    assert call.arguments == {
+        "order_id": "ord_1", "amount": 50, "customer_id": "alice", "currency": "EUR"
+    }
+    assert call.target == policy.Target("order", "ord_1")
+
+
+def test_key_order_and_whitespace_never_change_the_fingerprint(catalog: Catalog) -> None:
+    tool = catalog.tools["issue_refund"]
+    a = policy.prepare(tool, {"amount": 50, "customer_id": "alice", "order_id": "ord_1"})
+    b = policy.prepare(tool, {"order_id": "ord_1", "customer_id": "alice", "amount": 50.0})
+    assert a.fingerprint == b.fingerprint
+    assert a.fingerprint.startswith("sha256:") and len(a.fingerprint) == 7 + 64
+
+
+def test_an_explicit_default_value_fingerprints_like_the_omitted_one(catalog: Catalog) -> None:
+    assert refund(catalog).fingerprint == refund(catalog, currency="EUR").fingerprint
+    assert refund(catalog).fingerprint != refund(catalog, currency="USD").fingerprint
+
+
+def test_fingerprint_is_sha256_of_the_canonical_document() -> None:
+    import hashlib
+
+    expected = hashlib.sha256(
+        b'{"arguments":{"a":1,"b":"x"},"target":{"id":"o","type":"order"},"tool":"t"}'
+    ).hexdigest()
+    got = policy.fingerprint("t", policy.Target("order", "o"), {"b": "x", "a": 1})
+    assert got == "sha256:" + expected
+
+
+@pytest.mark.parametrize(
+    ("args", "path"),
+    [
+        ({"order_id": "ord_1", "amount": -1, "customer_id": "alice"}, "/amount"),
+        ({"order_id": "ord_1", "amount": 50, "customer_id": "alice", "extra": 1}, "/"),
+        ({"order_id": "ord_1", "customer_id": "alice"}, "/"),
+        ({"order_id": "ord_1", "amount": 50, "customer_id": "alice", "currency": "GBP"},
+         "/currency"),
+        ({"order_id": "ord_1", "amount": 50, "customer_id": "alice", "notify_url": "not a url"},
+         "/notify_url"),
+    ],
+)
+def test_schema_violations_are_invalid_arguments_with_paths(
+    catalog: Catalog, args: dict[str, object], path: str
+) -> None:
+    with pytest.raises(InvalidArguments) as caught:
+        policy.prepare(catalog.tools["issue_refund"], args)
+    assert path in [e["path"] for e in caught.value.extra["errors"]]
+
+
+def test_an_argument_naming_another_user_is_identity_spoof(catalog: Catalog) -> None:
+    with pytest.raises(IdentitySpoof):
+        policy.decide(ALICE, refund(catalog, customer_id="mallory"), facts())
+
+
+def test_an_argument_naming_another_tenant_is_identity_spoof(catalog: Catalog) -> None:
+    call = policy.prepare(
+        catalog.tools["update_email"],
+        {"customer_id": "ord_1", "email": "a@b.c", "tenant_id": "globex"},
+    )
+    with pytest.raises(IdentitySpoof):
+        policy.precheck(ALICE, call)
+
+
+def test_identity_is_checked_before_roles(catalog: Catalog) -> None:
+    nobody = Principal("alice", "acme", frozenset())
+    with pytest.raises(IdentitySpoof):
+        policy.precheck(nobody, refund(catalog, customer_id="bob"))
+
+
+def test_a_principal_without_a_listed_role_is_forbidden(catalog: Catalog) -> None:
+    customer = Principal("alice", "acme", frozenset({"customer"}))
+    with pytest.raises(ToolForbidden):
+        policy.decide(customer, refund(catalog), facts())
+
+
+def test_another_tenants_resource_and_a_missing_one_look_the_same(catalog: Catalog) -> None:
+    errors = []
+    for owner in (Owner("globex", "carol"), None):
+        with pytest.raises(ToolForbidden) as caught:
+            policy.decide(ALICE, refund(catalog), facts(owner))
+        errors.append(caught.value.problem())
+    assert errors[0] == errors[1]
+
+
+def test_owner_user_access_needs_the_session_user(catalog: Catalog) -> None:
+    call = policy.prepare(catalog.tools["update_email"], {"customer_id": "ord_1", "email": "x"})
+    with pytest.raises(ToolForbidden):
+        policy.decide(ALICE, call, Facts({"customer_id": Owner("acme", "dave")}, {}))
+    decision = policy.decide(ALICE, call, Facts({"customer_id": Owner("acme", "alice")}, {}))
+    assert (decision.impact, decision.next) == ("high", "approval")
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.5.5", "169.254.169.254", "224.0.0.1",
+     "::1", "fe80::1", "::ffff:127.0.0.1", "fc00::1", "0.0.0.0", "100.64.0.1"],
+)
+def test_egress_to_a_non_public_address_is_refused(catalog: Catalog, address: str) -> None:
+    call = refund(catalog, notify_url="https://hooks.example/x")
+    with pytest.raises(ToolForbidden):
+        policy.decide(ALICE, call, facts(notify_url=("93.184.216.34", address)))
+
+
+def test_egress_to_public_addresses_is_allowed(catalog: Catalog) -> None:
+    call = refund(catalog, notify_url="https://hooks.example/x")
+    assert policy.decide(ALICE, call, facts(notify_url=("93.184.216.34", "2606:4700::1")))
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://93.184.216.34/x", "file:///etc/passwd", "https://", "http://h:99999/"]
+)
+def test_egress_urls_must_be_http_with_a_host(catalog: Catalog, url: str) -> None:
+    call = refund(catalog, notify_url=url)
+    with pytest.raises(ToolForbidden):
+        policy.decide(ALICE, call, facts(notify_url=("93.184.216.34",)))
+
+
+def test_an_unresolvable_egress_host_is_refused(catalog: Catalog) -> None:
+    with pytest.raises(ToolForbidden):
+        policy.decide(ALICE, refund(catalog, notify_url="https://nowhere.invalid/"), facts())
+
+
+@pytest.mark.parametrize(
+    ("amount", "impact", "next_step"),
+    [(100, "low", "dry_run"), (100.0, "low", "dry_run"), (100.01, "high", "dry_run")],
+)
+def test_high_impact_when_raises_impact(
+    catalog: Catalog, amount: float, impact: str, next_step: str
+) -> None:
+    decision = policy.decide(ALICE, refund(catalog, amount=amount), facts())
+    assert (decision.impact, decision.next) == (impact, next_step)
+
+
+def test_a_cel_evaluation_error_fails_closed_to_high_impact(
+    tmp_path: Path, catalog: Catalog
+) -> None:
+    from app.catalog.loader import load
+    from tests.catalogs import BASE, write
+
+    text = BASE.replace('"args.amount > 100.0"', '"args.note.size() > 3"')
+    tool = load(write(tmp_path, text), {}).tools["issue_refund"]
+    call = policy.prepare(tool, {"order_id": "ord_1", "amount": 1, "customer_id": "alice"})
+    assert policy.impact_of(ALICE, call) == "high"
+
+
+def test_reads_need_only_execute(catalog: Catalog) -> None:
+    call = policy.prepare(catalog.tools["get_order"], {"order_id": "ord_1"})
+    decision = policy.decide(ALICE, call, Facts({"order_id": ACME}, {}))
+    assert (decision.impact, decision.next) == ("read", "execute")
+
+
+def test_a_high_impact_tool_without_dry_run_goes_straight_to_approval(catalog: Catalog) -> None:
+    assert policy.next_step(catalog.tools["update_email"], "high") == "approval"
