@@ -6,6 +6,7 @@ Set ``TOOLGATE_TEST_POSTGRES`` / ``TOOLGATE_TEST_REDIS`` to point elsewhere.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -79,7 +80,9 @@ async def app(settings: Settings) -> AsyncIterator[Any]:
 
 
 @pytest.fixture
-async def client(app: Any, database_url: str, providers: Providers) -> AsyncIterator[httpx.AsyncClient]:
+async def client(
+    app: Any, database_url: str, providers: Providers
+) -> AsyncIterator[httpx.AsyncClient]:
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute("TRUNCATE calls, audit_events RESTART IDENTITY")
@@ -123,7 +126,9 @@ async def providers(providers_url: str) -> Providers:
 
 @pytest.fixture(scope="session")
 def token(settings: Settings) -> Callable[..., str]:
-    def make(sub: str = "alice", tenant: str = "acme", roles: str = "support", ttl: int = 600) -> str:
+    def make(
+        sub: str = "alice", tenant: str = "acme", roles: str = "support", ttl: int = 600
+    ) -> str:
         return mint(settings, sub, tenant, [r for r in roles.split(",") if r], ttl)
 
     return make
@@ -140,5 +145,6 @@ def auth(token: Callable[..., str]) -> Callable[..., dict[str, str]]:
 @pytest.fixture
 async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(database_url)
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     yield conn
     await conn.close()

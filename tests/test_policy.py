@@ -34,7 +34,10 @@ def facts(owner: Owner | None = ACME, **addresses: tuple[str, ...]) -> Facts:
 def test_defaults_are_filled_and_the_target_is_the_first_resource(catalog: Catalog) -> None:
     call = refund(catalog)
     assert call.arguments == {
-        "order_id": "ord_1", "amount": 50, "customer_id": "alice", "currency": "EUR"
+        "order_id": "ord_1",
+        "amount": 50,
+        "customer_id": "alice",
+        "currency": "EUR",
     }
     assert call.target == policy.Target("order", "ord_1")
 
@@ -44,7 +47,8 @@ def test_key_order_and_whitespace_never_change_the_fingerprint(catalog: Catalog)
     a = policy.prepare(tool, {"amount": 50, "customer_id": "alice", "order_id": "ord_1"})
     b = policy.prepare(tool, {"order_id": "ord_1", "customer_id": "alice", "amount": 50.0})
     assert a.fingerprint == b.fingerprint
-    assert a.fingerprint.startswith("sha256:") and len(a.fingerprint) == 7 + 64
+    assert a.fingerprint.startswith("sha256:")
+    assert len(a.fingerprint) == 7 + 64
 
 
 def test_an_explicit_default_value_fingerprints_like_the_omitted_one(catalog: Catalog) -> None:
@@ -68,10 +72,14 @@ def test_fingerprint_is_sha256_of_the_canonical_document() -> None:
         ({"order_id": "ord_1", "amount": -1, "customer_id": "alice"}, "/amount"),
         ({"order_id": "ord_1", "amount": 50, "customer_id": "alice", "extra": 1}, "/"),
         ({"order_id": "ord_1", "customer_id": "alice"}, "/"),
-        ({"order_id": "ord_1", "amount": 50, "customer_id": "alice", "currency": "GBP"},
-         "/currency"),
-        ({"order_id": "ord_1", "amount": 50, "customer_id": "alice", "notify_url": "not a url"},
-         "/notify_url"),
+        (
+            {"order_id": "ord_1", "amount": 50, "customer_id": "alice", "currency": "GBP"},
+            "/currency",
+        ),
+        (
+            {"order_id": "ord_1", "amount": 50, "customer_id": "alice", "notify_url": "not a url"},
+            "/notify_url",
+        ),
     ],
 )
 def test_schema_violations_are_invalid_arguments_with_paths(
@@ -127,8 +135,20 @@ def test_owner_user_access_needs_the_session_user(catalog: Catalog) -> None:
 
 @pytest.mark.parametrize(
     "address",
-    ["127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.5.5", "169.254.169.254", "224.0.0.1",
-     "::1", "fe80::1", "::ffff:127.0.0.1", "fc00::1", "0.0.0.0", "100.64.0.1"],
+    [
+        "127.0.0.1",
+        "10.1.2.3",
+        "192.168.0.1",
+        "172.16.5.5",
+        "169.254.169.254",
+        "224.0.0.1",
+        "::1",
+        "fe80::1",
+        "::ffff:127.0.0.1",
+        "fc00::1",
+        "0.0.0.0",
+        "100.64.0.1",
+    ],
 )
 def test_egress_to_a_non_public_address_is_refused(catalog: Catalog, address: str) -> None:
     call = refund(catalog, notify_url="https://hooks.example/x")

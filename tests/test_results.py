@@ -18,7 +18,9 @@ def test_listed_paths_walk_lists_element_wise() -> None:
 def test_redacted_paths_are_masked_not_removed() -> None:
     body = {"id": "c", "email": "e@x", "contact": {"phone": "1"}}
     assert minimize(body, None, ["email", "contact.phone", "absent"]) == {
-        "id": "c", "email": "[redacted]", "contact": {"phone": "[redacted]"}
+        "id": "c",
+        "email": "[redacted]",
+        "contact": {"phone": "[redacted]"},
     }
 
 
