@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from app import health, telemetry
+from app.approvals import router as approvals
 from app.auth.tokens import TokenVerifier
 from app.calls import router as calls
 from app.calls.gateway import Gateway
@@ -50,7 +51,7 @@ async def open_state(settings: Settings) -> AppState:
         gateway=Gateway(outbound),
         outbound=outbound,
         verifier=verifier,
-        locks=Locks(settings.redis_url),
+        locks=Locks(settings.redis_url, settings.redis_prefix),
     )
 
 
@@ -76,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.include_router(health.router)
     app.include_router(calls.router)
+    app.include_router(approvals.router)
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:

@@ -23,6 +23,7 @@ class Settings:
     catalog_path: Path
     database_url: str | None
     redis_url: str | None
+    redis_prefix: str
     jwt_secret: str | None
     jwt_public_key_file: Path | None
     jwks_url: str | None
@@ -58,6 +59,7 @@ class Settings:
             catalog_path=Path(get("CATALOG") or "catalog/"),
             database_url=get("DATABASE_URL"),
             redis_url=get("REDIS_URL"),
+            redis_prefix=get("REDIS_PREFIX") or "toolgate:",
             jwt_secret=secret,
             jwt_public_key_file=Path(public_key) if public_key else None,
             jwks_url=jwks_url,

@@ -173,8 +173,12 @@ def mutation(effect: Effect) -> Handler:
     return handler
 
 
-def reconcile(noun: str) -> Handler:
-    """``<execute path>/operations/{id}``: 200 succeeded/failed as stored, 404 never happened."""
+def reconcile() -> Handler:
+    """``<execute path>/operations/{id}``: 200 succeeded/failed as stored, 404 never happened.
+
+    The answer carries the original ``provider_status`` and ``result`` body, which is what
+    toolgate stores when it reconciles an unknown outcome.
+    """
 
     async def handler(request: web.Request) -> web.Response:
         op_id = request.match_info["operation_id"]
@@ -183,7 +187,7 @@ def reconcile(noun: str) -> Handler:
         if op is None or op.path != execute_path:
             return _json(404, NOT_FOUND)
         status = "succeeded" if op.status < 300 else "failed"
-        outcome = {"operation_id": op_id, "provider_status": op.status, noun: op.body}
+        outcome = {"operation_id": op_id, "provider_status": op.status, "result": op.body}
         return _json(200, {"status": status} | outcome)
 
     return handler
@@ -358,7 +362,7 @@ def build_app() -> web.Application:
         ("GET", "/billing/orders/{id}/owner", lookup("orders", owner=True)),
         ("POST", "/billing/refunds/preview", preview(_refund_quote)),
         ("POST", "/billing/refunds", mutation(_refund)),
-        ("GET", "/billing/refunds/operations/{operation_id}", reconcile("refund")),
+        ("GET", "/billing/refunds/operations/{operation_id}", reconcile()),
         ("GET", "/support/tickets/{id}", lookup("tickets")),
         ("GET", "/support/tickets/{id}/owner", lookup("tickets", owner=True)),
         ("POST", "/support/tickets", mutation(_create_ticket)),
@@ -366,7 +370,7 @@ def build_app() -> web.Application:
         ("GET", "/deploy/services/{id}/owner", lookup("services", owner=True)),
         ("POST", "/deploy/deployments/preview", preview(_deploy_plan)),
         ("POST", "/deploy/deployments", mutation(_deploy)),
-        ("GET", "/deploy/deployments/operations/{operation_id}", reconcile("deployment")),
+        ("GET", "/deploy/deployments/operations/{operation_id}", reconcile()),
         ("GET", "/crm/customers/{id}", lookup("customers")),
         ("GET", "/crm/customers/{id}/owner", lookup("customers", owner=True)),
         ("PATCH", "/crm/customers/{id}", mutation(_update_customer)),

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+import redis.asyncio as redis
 from aiohttp import web
 
 from app.auth.tokens import mint
@@ -29,6 +30,7 @@ ADMIN_DSN = os.environ.get("TOOLGATE_TEST_POSTGRES", "postgresql://postgres@127.
 REDIS_URL = os.environ.get("TOOLGATE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 SECRET = "test-secret-" + "x" * 32
 RUN = secrets.token_hex(4)
+REDIS_PREFIX = f"toolgate-test-{RUN}:"
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +63,7 @@ def make_env(database_url: str, providers_url: str, **extra: str) -> dict[str, s
         "TOOLGATE_CATALOG": str(ROOT / "catalog"),
         "TOOLGATE_DATABASE_URL": database_url,
         "TOOLGATE_REDIS_URL": REDIS_URL,
+        "TOOLGATE_REDIS_PREFIX": REDIS_PREFIX,
         "TOOLGATE_JWT_SECRET": SECRET,
         "DEMO_PROVIDERS_URL": providers_url,
         **extra,
@@ -68,8 +71,19 @@ def make_env(database_url: str, providers_url: str, **extra: str) -> dict[str, s
 
 
 @pytest.fixture(scope="session")
-async def settings(database_url: str, providers_url: str) -> Settings:
-    return Settings.from_env(make_env(database_url, providers_url))
+def catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo catalog with 1 s provider timeouts, so timeout tests stay quick."""
+    directory = tmp_path_factory.mktemp("catalog")
+    text = (ROOT / "catalog" / "demo.yaml").read_text()
+    (directory / "demo.yaml").write_text(text.replace("timeout_s: 5", "timeout_s: 1"))
+    return directory
+
+
+@pytest.fixture(scope="session")
+async def settings(database_url: str, providers_url: str, catalog_dir: Path) -> Settings:
+    return Settings.from_env(
+        make_env(database_url, providers_url, TOOLGATE_CATALOG=str(catalog_dir))
+    )
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +91,11 @@ async def app(settings: Settings) -> AsyncIterator[Any]:
     application = create_app(settings)
     async with application.router.lifespan_context(application):
         yield application
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = [key async for key in client.scan_iter(match=REDIS_PREFIX + "*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
 
 
 @pytest.fixture
@@ -85,7 +104,9 @@ async def client(
 ) -> AsyncIterator[httpx.AsyncClient]:
     conn = await asyncpg.connect(database_url)
     try:
-        await conn.execute("TRUNCATE calls, audit_events RESTART IDENTITY")
+        await conn.execute(
+            "TRUNCATE calls, audit_events, dry_runs, approvals, executions RESTART IDENTITY"
+        )
     finally:
         await conn.close()
     transport = httpx.ASGITransport(app=app)

@@ -59,3 +59,42 @@ class CallRow:
         if self.target_type is None or self.target_id is None:
             return None
         return {"type": self.target_type, "id": self.target_id}
+
+
+class DryRunBody(_Body):
+    call_id: str = Field(min_length=1, max_length=200)
+
+
+@dataclass(frozen=True)
+class DryRunRow:
+    id: str
+    call_id: str
+    tenant: str
+    actor: str
+    tool: str
+    fingerprint: str
+    policy_version: str
+    snapshot: Any
+    snapshot_hash: str
+    expires_at: datetime
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ExecutionRow:
+    operation_id: str
+    tenant: str
+    actor: str
+    idempotency_key: str
+    call_id: str
+    tool: str
+    target_type: str | None
+    target_id: str | None
+    fingerprint: str
+    approval_id: str | None
+    state: str
+    provider_status: int | None
+    response: dict[str, Any] | None
+    expires_at: datetime
+    created_at: datetime | None = None
+    updated_at: datetime | None = None

@@ -170,18 +170,30 @@ def is_public(address: str) -> bool:
 def decide(principal: Principal, call: PreparedCall, facts: Facts) -> Decision:
     """The whole decision for an authenticated principal; raises the first denial."""
     precheck(principal, call)
-    for arg, _resource, _id in call.resources:
-        owner = facts.owners.get(arg)
-        if owner is None or owner.tenant != principal.tenant:
-            raise ToolForbidden(NOT_ACCESSIBLE)
-        if call.tool.access.owner == "user" and owner.user != principal.sub:
-            raise ToolForbidden(NOT_ACCESSIBLE)
+    check_owners(
+        call.tool,
+        principal.tenant,
+        principal.sub,
+        [facts.owners.get(a) for a, _, _ in call.resources],
+    )
     for arg, url in call.egress:
         addresses = facts.addresses.get(arg, ())
         if egress_host(url) is None or not addresses or not all(map(is_public, addresses)):
             raise ToolForbidden(f"argument {arg!r} must be an http(s) URL of a public host")
     impact = impact_of(principal, call)
     return Decision(impact=impact, next=next_step(call.tool, impact))
+
+
+def check_owners(tool: Tool, tenant: str, user: str, owners: list[Owner | None]) -> None:
+    """Every ``x-resource`` must belong to the tenant (and user, for ``owner: user``).
+
+    A missing resource and another tenant's answer the same, so nothing leaks.
+    """
+    for owner in owners:
+        if owner is None or owner.tenant != tenant:
+            raise ToolForbidden(NOT_ACCESSIBLE)
+        if tool.access.owner == "user" and owner.user != user:
+            raise ToolForbidden(NOT_ACCESSIBLE)
 
 
 def impact_of(principal: Principal, call: PreparedCall) -> Impact:
@@ -201,3 +213,18 @@ def next_step(tool: Tool, impact: Impact) -> Next:
     if impact == "high":
         return "dry_run" if tool.dry_run else "approval"
     return "dry_run" if tool.require_dry_run else "execute"
+
+
+def may_approve(approver: Principal, actor: str, tenant: str, approvers: list[str]) -> bool:
+    """Whether ``approver`` may decide a call of ``actor`` in ``tenant``.
+
+    Same tenant only; ``owner`` lets the actor approve their own call; ``role:<name>`` lets a
+    holder of that role approve, but never their own call unless ``owner`` is listed too.
+    """
+    if approver.tenant != tenant:
+        return False
+    if approver.sub == actor:
+        return "owner" in approvers
+    return any(
+        entry.startswith("role:") and entry[len("role:") :] in approver.roles for entry in approvers
+    )

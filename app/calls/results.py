@@ -6,6 +6,8 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
+from app.catalog.models import Tool
+
 REDACTED = "[redacted]"
 
 
@@ -54,3 +56,32 @@ def mask_arguments(arguments: Any, sensitive: Iterable[str]) -> Any:
         return arguments
     hidden = set(sensitive)
     return {k: REDACTED if k in hidden else v for k, v in arguments.items()}
+
+
+def classify(provider_status: int) -> str:
+    """``succeeded`` (2xx), ``failed`` (4xx, the provider refused) or ``unknown`` (anything
+    else: a 5xx or a redirect says nothing certain about what happened)."""
+    if 200 <= provider_status < 300:
+        return "succeeded"
+    if 400 <= provider_status < 500:
+        return "failed"
+    return "unknown"
+
+
+def result_body(
+    tool: Tool,
+    call_id: str,
+    operation_id: str | None,
+    status: str,
+    provider_status: int,
+    provider_body: Any,
+) -> dict[str, Any]:
+    return {
+        "call_id": call_id,
+        "operation_id": operation_id,
+        "status": status,
+        "provider_status": provider_status,
+        "result": minimize(provider_body, tool.result.fields, tool.result.redact),
+        "trust": "untrusted",
+        "replayed": False,
+    }

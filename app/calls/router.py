@@ -1,11 +1,13 @@
-"""HTTP for /propose and /execute: parse, call the service, return."""
+"""HTTP for /propose, /dry-run and /execute: parse, call the service, return."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Header
 
 from app.calls import service
-from app.calls.models import ExecuteBody, ProposeBody
+from app.calls.models import DryRunBody, ExecuteBody, ProposeBody
 from app.deps import CurrentPrincipal, State
 from app.responses import JSON
 
@@ -17,6 +19,17 @@ async def propose(body: ProposeBody, principal: CurrentPrincipal, state: State) 
     return JSON(await service.propose(state, principal, body))
 
 
+@router.post("/dry-run")
+async def dry_run(body: DryRunBody, principal: CurrentPrincipal, state: State) -> JSON:
+    return JSON(await service.dry_run(state, principal, body))
+
+
 @router.post("/execute")
-async def execute(body: ExecuteBody, principal: CurrentPrincipal, state: State) -> JSON:
-    return JSON(await service.execute(state, principal, body))
+async def execute(
+    body: ExecuteBody,
+    principal: CurrentPrincipal,
+    state: State,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> JSON:
+    outcome = await service.execute(state, principal, body, idempotency_key)
+    return JSON(outcome.body, headers=outcome.headers)

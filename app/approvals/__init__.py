@@ -1,0 +1,1 @@
+"""Approvals: a human's decision on exactly what a dry-run showed."""

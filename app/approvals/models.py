@@ -1,0 +1,103 @@
+"""Approval request bodies and stored rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BINDING_FIELDS = (
+    "actor",
+    "tenant",
+    "tool",
+    "target",
+    "policy_version",
+    "arguments",
+    "snapshot_hash",
+)
+
+
+class ApproveBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    call_id: str = Field(min_length=1, max_length=200)
+    snapshot_hash: str | None = Field(max_length=200)
+    decision: Literal["approve", "reject"]
+    comment: str | None = Field(default=None, max_length=2000)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What an approval covers; change any part and it no longer applies."""
+
+    actor: str
+    tenant: str
+    tool: str
+    target: dict[str, str] | None
+    policy_version: str
+    fingerprint: str
+    snapshot_hash: str | None
+
+    def differences(self, other: Binding) -> list[str]:
+        """SPEC's names of the parts that differ (``arguments`` for the fingerprint)."""
+        pairs = {
+            "actor": (self.actor, other.actor),
+            "tenant": (self.tenant, other.tenant),
+            "tool": (self.tool, other.tool),
+            "target": (self.target, other.target),
+            "policy_version": (self.policy_version, other.policy_version),
+            "arguments": (self.fingerprint, other.fingerprint),
+            "snapshot_hash": (self.snapshot_hash, other.snapshot_hash),
+        }
+        return [name for name in BINDING_FIELDS if pairs[name][0] != pairs[name][1]]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "actor": self.actor,
+            "tenant": self.tenant,
+            "tool": self.tool,
+            "target": self.target,
+            "policy_version": self.policy_version,
+            "fingerprint": self.fingerprint,
+            "snapshot_hash": self.snapshot_hash,
+        }
+
+
+@dataclass(frozen=True)
+class ApprovalRow:
+    id: str
+    call_id: str
+    decision: str
+    approver: str
+    comment: str | None
+    actor: str
+    tenant: str
+    tool: str
+    target_type: str | None
+    target_id: str | None
+    policy_version: str
+    fingerprint: str
+    snapshot_hash: str | None
+    expires_at: datetime
+    consumed_by: str | None = None
+    consumed_at: datetime | None = None
+    created_at: datetime | None = None
+
+    @property
+    def binding(self) -> Binding:
+        target = (
+            {"type": self.target_type, "id": self.target_id}
+            if self.target_type is not None and self.target_id is not None
+            else None
+        )
+        return Binding(
+            self.actor,
+            self.tenant,
+            self.tool,
+            target,
+            self.policy_version,
+            self.fingerprint,
+            self.snapshot_hash,
+        )

@@ -1,0 +1,199 @@
+"""Deciding on a call: the approver's authority, the preview they saw, and the binding.
+
+An approval binds actor, tenant, tool, target, policy version, fingerprint and the snapshot
+hash of the dry-run the human saw; execution compares that binding with its own request.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from app import cursors
+from app.approvals import store
+from app.approvals.models import ApprovalRow, ApproveBody, Binding
+from app.audit.store import AuditEvent, append
+from app.auth.principal import Principal
+from app.calls import policy
+from app.calls import store as calls
+from app.calls.decisions import new_id, owners_of
+from app.calls.models import CallRow, DryRunRow
+from app.calls.results import mask_arguments
+from app.catalog.models import Tool
+from app.errors import (
+    ApprovalMismatch,
+    ApproverForbidden,
+    DryRunRequired,
+    InvalidRequest,
+    NotFound,
+    ToolForbidden,
+)
+from app.state import AppState
+
+
+async def approve(state: AppState, principal: Principal, body: ApproveBody) -> dict[str, Any]:
+    started = time.perf_counter()
+    catalog = state.catalog
+    async with state.db.connection() as conn:
+        call = await calls.get(conn, body.call_id)
+        latest = await calls.latest_dry_run(conn, body.call_id) if call else None
+    if call is None:
+        raise NotFound("no such call")
+    if call.tenant != principal.tenant:
+        raise ApproverForbidden("you may not decide this call")
+    tool = catalog.tools.get(call.tool)
+    if tool is None or tool.approval is None or call.impact != "high" or call.arguments is None:
+        raise InvalidRequest("this call does not await an approval", call_id=call.id)
+    if not policy.may_approve(principal, call.actor, call.tenant, tool.approval.approvers):
+        raise ApproverForbidden("you may not decide this call", call_id=call.id)
+    binding = _binding(catalog.policy_version, tool, call, latest, body.snapshot_hash)
+    await _check_ownership(state, tool, call)
+    now = datetime.now(UTC)
+    approval = ApprovalRow(
+        id=new_id("apr"),
+        call_id=call.id,
+        decision=body.decision,
+        approver=principal.sub,
+        comment=body.comment,
+        actor=binding.actor,
+        tenant=binding.tenant,
+        tool=binding.tool,
+        target_type=call.target_type,
+        target_id=call.target_id,
+        policy_version=binding.policy_version,
+        fingerprint=binding.fingerprint,
+        snapshot_hash=binding.snapshot_hash,
+        expires_at=now + timedelta(seconds=tool.approval.ttl_s),
+    )
+    authorized_by = {
+        "kind": "approval",
+        "sub": principal.sub,
+        "tenant": principal.tenant,
+        "approval_id": approval.id,
+        "policy_version": catalog.policy_version,
+    }
+    async with state.db.transaction() as conn:
+        await store.insert(conn, approval)
+        await calls.set_state(
+            conn, call.id, "approved" if body.decision == "approve" else "rejected"
+        )
+        await append(
+            conn,
+            AuditEvent(
+                event="approved" if body.decision == "approve" else "rejected",
+                tenant=call.tenant,
+                actor=call.actor,
+                call_id=call.id,
+                run_id=call.run_id,
+                tool=call.tool,
+                target=call.target,
+                fingerprint=binding.fingerprint,
+                arguments=mask_arguments(call.arguments, tool.sensitive_args),
+                decision=body.decision,
+                reason=body.comment,
+                policy_version=catalog.policy_version,
+                approval_id=approval.id,
+                proposed_by=call.proposed_by,
+                authorized_by=authorized_by,
+                total_ms=(time.perf_counter() - started) * 1000,
+            ),
+        )
+    return {
+        "approval_id": approval.id,
+        "call_id": call.id,
+        "decision": body.decision,
+        "expires_at": approval.expires_at.isoformat(),
+        "binding": binding.as_dict(),
+    }
+
+
+def _binding(
+    policy_version: str, tool: Tool, call: CallRow, latest: DryRunRow | None, seen: str | None
+) -> Binding:
+    """What this approval will cover: the call as the human saw it in its latest dry-run."""
+    assert call.fingerprint is not None
+    fingerprint, snapshot_hash = call.fingerprint, None
+    if tool.dry_run is not None:
+        if latest is None or latest.expires_at <= datetime.now(UTC):
+            raise DryRunRequired("preview the call (dry-run) before deciding", call_id=call.id)
+        fingerprint, snapshot_hash = latest.fingerprint, latest.snapshot_hash
+        base_version = latest.policy_version
+    else:
+        base_version = call.policy_version
+    mismatch = [
+        name
+        for name, differs in (
+            ("snapshot_hash", seen != snapshot_hash),
+            ("policy_version", base_version != policy_version),
+        )
+        if differs
+    ]
+    if mismatch:
+        raise ApprovalMismatch(
+            "what you saw is not the call's latest preview under the current policy",
+            mismatch=mismatch,
+            call_id=call.id,
+        )
+    target = call.target
+    return Binding(
+        call.actor, call.tenant, call.tool, target, policy_version, fingerprint, snapshot_hash
+    )
+
+
+async def _check_ownership(state: AppState, tool: Tool, call: CallRow) -> None:
+    """The target must still belong to the actor's tenant (and user) right now."""
+    prepared = policy.prepare(tool, call.arguments)
+    try:
+        policy.check_owners(tool, call.tenant, call.actor, await owners_of(state, prepared))
+    except ToolForbidden as denial:
+        denial.extra["call_id"] = call.id
+        raise
+
+
+PAGE_SIZE = 50
+
+
+async def inbox(
+    state: AppState, principal: Principal, status: str, cursor: str | None
+) -> dict[str, Any]:
+    """Requests this principal may decide, in their tenant, newest first."""
+    before = None
+    if cursor:
+        stamp, call_id = cursors.decode(cursor, 2)
+        before = (datetime.fromisoformat(stamp), call_id)
+    async with state.db.connection() as conn:
+        rows = await store.inbox(conn, principal.tenant, status, before, PAGE_SIZE)
+    items = []
+    for row in rows:
+        tool = state.catalog.tools.get(row["tool"])
+        if tool is None or tool.approval is None:
+            continue
+        if not policy.may_approve(principal, row["actor"], row["tenant"], tool.approval.approvers):
+            continue
+        items.append(
+            {
+                "call_id": row["id"],
+                "tool": row["tool"],
+                "actor": row["actor"],
+                "target": (
+                    {"type": row["target_type"], "id": row["target_id"]}
+                    if row["target_type"] is not None
+                    else None
+                ),
+                "arguments": mask_arguments(row["arguments"], tool.sensitive_args),
+                "impact": row["impact"],
+                "snapshot": row["snapshot"],
+                "snapshot_hash": row["snapshot_hash"],
+                "requested_at": row["requested_at"].isoformat(),
+                "expires_at": row["expires_at"].isoformat() if row["expires_at"] else None,
+                "status": row["status"],
+            }
+        )
+    last = rows[-1] if len(rows) == PAGE_SIZE else None
+    return {
+        "items": items,
+        "next_cursor": (
+            cursors.encode(last["requested_at"].isoformat(), last["id"]) if last else None
+        ),
+    }

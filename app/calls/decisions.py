@@ -1,0 +1,166 @@
+"""What every step of a call shares: one request's attempt, its decision, and recording
+denials. Every decision, allow or deny, is stored with its audit row in one transaction
+before the caller hears the answer; a denied call never reaches the provider."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from app.audit.store import AuditEvent, append
+from app.auth.principal import Principal
+from app.calls import egress, policy, store
+from app.calls.models import CallRow
+from app.calls.policy import Decision, Facts, PreparedCall
+from app.calls.results import mask_arguments
+from app.catalog.models import Catalog, Tool
+from app.errors import DENIALS, NotFound, ToolgateError, UnknownTool
+from app.state import AppState
+
+PROPOSED_BY = "model"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+@dataclass
+class Attempt:
+    """One request's view of a call while it is being decided."""
+
+    principal: Principal
+    catalog: Catalog
+    tool_name: str
+    raw_arguments: Any
+    run_id: str | None
+    tool_call_id: str | None = None
+    started: float = 0.0
+    tool: Tool | None = None
+    call: PreparedCall | None = None
+
+    def authorized_by(self) -> dict[str, Any]:
+        return {
+            "kind": "policy",
+            "sub": self.principal.sub,
+            "tenant": self.principal.tenant,
+            "policy_version": self.catalog.policy_version,
+        }
+
+    def row(self, call_id: str, decision: Decision | None, error: ToolgateError | None) -> CallRow:
+        call, tool = self.call, self.tool
+        return CallRow(
+            id=call_id,
+            tenant=self.principal.tenant,
+            actor=self.principal.sub,
+            tool=self.tool_name,
+            run_id=self.run_id,
+            tool_call_id=self.tool_call_id,
+            arguments=call.arguments if call else None,
+            fingerprint=call.fingerprint if call else None,
+            target_type=call.target.type if call and call.target else None,
+            target_id=call.target.id if call and call.target else None,
+            mutation=tool.mutation if tool else None,
+            impact=decision.impact if decision else None,
+            decision="deny" if error else "allow",
+            code=error.code if error else None,
+            reason=error.detail if error else None,
+            next=decision.next if decision else None,
+            state="denied" if error else "proposed",
+            policy_version=self.catalog.policy_version,
+            proposed_by=PROPOSED_BY,
+            authorized_by=None if error else self.authorized_by(),
+        )
+
+    def event(self, event: str, call_id: str, **fields: Any) -> AuditEvent:
+        call, tool = self.call, self.tool
+        arguments = call.arguments if call else self.raw_arguments
+        return AuditEvent(
+            event=event,
+            tenant=self.principal.tenant,
+            actor=self.principal.sub,
+            call_id=call_id,
+            run_id=self.run_id,
+            tool=self.tool_name,
+            target=call.target.as_dict() if call and call.target else None,
+            fingerprint=call.fingerprint if call else None,
+            arguments=mask_arguments(arguments, tool.sensitive_args if tool else ()),
+            policy_version=self.catalog.policy_version,
+            proposed_by=PROPOSED_BY,
+            total_ms=(time.perf_counter() - self.started) * 1000,
+            **fields,
+        )
+
+
+async def authorize(state: AppState, attempt: Attempt) -> Decision:
+    """Schema, identity, roles, then the looked-up facts: the whole decision, or a denial."""
+    attempt.tool = attempt.catalog.tools.get(attempt.tool_name)
+    if attempt.tool is None:
+        raise UnknownTool(f"no tool named {attempt.tool_name!r} in the catalog")
+    attempt.call = call = policy.prepare(attempt.tool, attempt.raw_arguments)
+    policy.precheck(attempt.principal, call)
+    owners = await owners_of(state, call)
+    hosts = [policy.egress_host(url) for _, url in call.egress]
+    addresses = await asyncio.gather(*(egress.resolve(h) for h in hosts if h is not None))
+    resolved = iter(addresses)
+    facts = Facts(
+        owners={arg: owner for (arg, _, _), owner in zip(call.resources, owners, strict=True)},
+        addresses={
+            arg: next(resolved) if host is not None else ()
+            for (arg, _), host in zip(call.egress, hosts, strict=True)
+        },
+    )
+    return policy.decide(attempt.principal, call, facts)
+
+
+async def owners_of(state: AppState, call: PreparedCall) -> list[policy.Owner | None]:
+    """Each ``x-resource`` argument's owner, asked of its provider now, concurrently."""
+    return list(
+        await asyncio.gather(*(state.gateway.owner(r, rid) for _, r, rid in call.resources))
+    )
+
+
+async def decide_or_record_denial(
+    state: AppState, attempt: Attempt, call_id: str, existing: CallRow | None
+) -> Decision:
+    """``authorize``, storing any policy denial (call + audit row) before re-raising it."""
+    try:
+        return await authorize(state, attempt)
+    except ToolgateError as error:
+        if error.code in DENIALS:
+            await record_denial(state, attempt, call_id, existing, error, deny_call=True)
+        raise
+
+
+async def record_denial(
+    state: AppState,
+    attempt: Attempt,
+    call_id: str,
+    existing: CallRow | None,
+    error: ToolgateError,
+    *,
+    deny_call: bool,
+    event: str = "denied",
+) -> None:
+    """Store a denial with its audit row; ``deny_call`` also marks an existing call denied."""
+    error.extra["call_id"] = call_id
+    async with state.db.transaction() as conn:
+        if existing is None:
+            await store.insert(conn, attempt.row(call_id, None, error))
+        elif deny_call:
+            await store.set_state(conn, call_id, "denied")
+        await append(
+            conn,
+            attempt.event(event, call_id, decision="deny", code=error.code, reason=error.detail),
+        )
+
+
+async def visible_call(state: AppState, principal: Principal, call_id: str) -> CallRow:
+    """The actor's own call; any other call is indistinguishable from a missing one."""
+    async with state.db.connection() as conn:
+        row = await store.get(conn, call_id)
+    if row is None or row.tenant != principal.tenant or row.actor != principal.sub:
+        raise NotFound("no such call")
+    return row

@@ -1,0 +1,406 @@
+"""Executing a mutation exactly once (SPEC §4 /execute, §6).
+
+PostgreSQL decides: the ``(tenant, actor, key)`` claim is unique and the approval is
+consumed by a conditional update, both in one transaction; outcomes move records only out of
+open states. The Redis lock merely keeps two instances from working on one key at once. A
+retry that finds an open record whose worker is gone (its lock lapsed) reconciles it with
+the provider instead of repeating it, and the provider deduplicates on the operation id.
+Commits on the happy path: the claim, then the outcome with its audit row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from app.approvals import store as approvals
+from app.approvals.models import ApprovalRow, Binding
+from app.audit.store import append
+from app.calls import store
+from app.calls.decisions import Attempt, new_id, record_denial
+from app.calls.models import CallRow, ExecuteBody, ExecutionRow
+from app.calls.policy import Decision, PreparedCall
+from app.calls.results import classify, result_body
+from app.errors import (
+    ApprovalConsumed,
+    ApprovalExpired,
+    ApprovalMismatch,
+    ApprovalRejected,
+    ApprovalRequired,
+    DryRunRequired,
+    IdempotencyInFlight,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    InvalidRequest,
+    ProviderTimeout,
+    ProviderUnavailable,
+    ToolgateError,
+)
+from app.outbound import NotSent, Response, Uncertain
+from app.state import AppState
+
+LOCK_MARGIN_S = 5.0
+FINISHED = ("succeeded", "failed")
+_KEY = re.compile(r'"([A-Za-z0-9_-]{16,255})"|([A-Za-z0-9_-]{16,255})')
+
+Answer = tuple[dict[str, Any], dict[str, str]]
+
+
+def parse_key(header: str | None) -> str:
+    """The Idempotency-Key: 16-255 of ``[A-Za-z0-9_-]``, bare or as a quoted sf-string."""
+    if header is None or not header.strip():
+        raise IdempotencyKeyMissing("a mutation needs an Idempotency-Key header")
+    match = _KEY.fullmatch(header.strip())
+    if match is None:
+        raise IdempotencyKeyInvalid("Idempotency-Key must be 16-255 characters of [A-Za-z0-9_-]")
+    return match.group(1) or match.group(2)
+
+
+async def execute(
+    state: AppState,
+    attempt: Attempt,
+    decision: Decision,
+    body: ExecuteBody,
+    existing: CallRow | None,
+    header: str | None,
+) -> Answer:
+    key = parse_key(header)
+    call, tool = attempt.call, attempt.tool
+    assert call is not None
+    assert tool is not None
+    principal = attempt.principal
+    record = await _record(state, attempt, key)
+    if record is not None and record.state in FINISHED:
+        return await _replay(state, attempt, record)
+    lock = hashlib.sha256(f"{principal.tenant}\0{principal.sub}\0{key}".encode()).hexdigest()
+    async with state.locks.hold(f"idem:{lock}", tool.provider.timeout_s + LOCK_MARGIN_S) as held:
+        if not held:
+            raise IdempotencyInFlight("the original request with this key is still running")
+        record = await _record(state, attempt, key)
+        if record is None:
+            return await _first_call(state, attempt, decision, body, existing, key)
+        if record.state in FINISHED:
+            return await _replay(state, attempt, record)
+        return await _resume(state, attempt, record)
+
+
+async def _record(state: AppState, attempt: Attempt, key: str) -> ExecutionRow | None:
+    """This actor's record for the key; a record for another call is a reused key."""
+    call, principal = attempt.call, attempt.principal
+    assert call is not None
+    async with state.db.connection() as conn:
+        record = await store.get_execution(conn, principal.tenant, principal.sub, key)
+    if record is not None and (record.tool, record.fingerprint) != (
+        attempt.tool_name,
+        call.fingerprint,
+    ):
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used for another tool, target or arguments"
+        )
+    return record
+
+
+async def _replay(state: AppState, attempt: Attempt, record: ExecutionRow) -> Answer:
+    assert record.response is not None
+    async with state.db.transaction() as conn:
+        await append(
+            conn,
+            attempt.event(
+                "replayed",
+                record.call_id,
+                decision="allow",
+                approval_id=record.approval_id,
+                outcome={"status": record.state, "operation_id": record.operation_id},
+            ),
+        )
+    return {**record.response, "replayed": True}, {"Idempotent-Replayed": "true"}
+
+
+async def _first_call(
+    state: AppState,
+    attempt: Attempt,
+    decision: Decision,
+    body: ExecuteBody,
+    existing: CallRow | None,
+    key: str,
+) -> Answer:
+    call, tool, principal = attempt.call, attempt.tool, attempt.principal
+    assert call is not None
+    assert tool is not None
+    call_id = existing.id if existing else None
+    approval: ApprovalRow | None = None
+    try:
+        if decision.impact == "high":
+            approval = await _valid_approval(state, attempt, body)
+            call_id = call_id or approval.call_id
+        elif tool.require_dry_run:
+            await _require_dry_run(state, attempt, body.dry_run_id)
+        if existing is not None and existing.fingerprint != call.fingerprint:
+            raise InvalidRequest("call_id names a call with another tool, target or arguments")
+    except ToolgateError as error:
+        denied_call = call_id or new_id("call")
+        if error.status in (403, 409):
+            await record_denial(
+                state,
+                attempt,
+                denied_call,
+                existing,
+                error,
+                deny_call=False,
+                event="expired" if error.code == "approval_expired" else "denied",
+            )
+        raise
+    call_id = call_id or new_id("call")
+    operation_id = new_id("op")
+    execution = ExecutionRow(
+        operation_id=operation_id,
+        tenant=principal.tenant,
+        actor=principal.sub,
+        idempotency_key=key,
+        call_id=call_id,
+        tool=tool.name,
+        target_type=call.target.type if call.target else None,
+        target_id=call.target.id if call.target else None,
+        fingerprint=call.fingerprint,
+        approval_id=approval.id if approval else None,
+        state="in_flight",
+        provider_status=None,
+        response=None,
+        expires_at=datetime.now(UTC) + timedelta(seconds=state.settings.idempotency_ttl_s),
+    )
+    async with state.db.transaction() as conn:
+        if existing is None and approval is None:
+            await store.insert(conn, attempt.row(call_id, decision, None))
+        await store.set_state(conn, call_id, "executing")
+        if not await store.claim(conn, execution):
+            raise IdempotencyInFlight("the original request with this key is still running")
+        if approval is not None and not await approvals.consume(conn, approval.id, operation_id):
+            raise ApprovalConsumed("the approval was used by another execution")
+    return await _send(state, attempt, execution, resumed=False)
+
+
+async def _valid_approval(state: AppState, attempt: Attempt, body: ExecuteBody) -> ApprovalRow:
+    """The named approval, if it is approved, unexpired, unused and bound to this request."""
+    call, principal = attempt.call, attempt.principal
+    assert call is not None
+    if body.approval_id is None:
+        raise ApprovalRequired("this call is high impact and needs an approval_id")
+    async with state.db.connection() as conn:
+        approval = await approvals.get(conn, body.approval_id)
+        dry_run = await store.dry_run_for(
+            conn, principal.tenant, principal.sub, call.fingerprint, body.dry_run_id
+        )
+    if approval is None or approval.tenant != principal.tenant:
+        raise ApprovalRequired("no such approval")
+    if approval.decision == "reject":
+        raise ApprovalRejected("the approver rejected this call")
+    if approval.expires_at <= datetime.now(UTC):
+        raise ApprovalExpired("the approval has expired")
+    mismatch = approval.binding.differences(_binding(attempt, call, dry_run))
+    if mismatch:
+        raise ApprovalMismatch(
+            "the approval was given for something else: " + ", ".join(mismatch),
+            mismatch=mismatch,
+        )
+    if approval.consumed_by is not None:
+        raise ApprovalConsumed("the approval was used by another execution")
+    return approval
+
+
+def _binding(attempt: Attempt, call: PreparedCall, dry_run: Any) -> Binding:
+    tool = call.tool
+    snapshot_hash = dry_run.snapshot_hash if tool.dry_run and dry_run is not None else None
+    return Binding(
+        actor=attempt.principal.sub,
+        tenant=attempt.principal.tenant,
+        tool=tool.name,
+        target=call.target.as_dict() if call.target else None,
+        policy_version=attempt.catalog.policy_version,
+        fingerprint=call.fingerprint,
+        snapshot_hash=snapshot_hash,
+    )
+
+
+async def _require_dry_run(state: AppState, attempt: Attempt, dry_run_id: str | None) -> None:
+    call, principal = attempt.call, attempt.principal
+    assert call is not None
+    async with state.db.connection() as conn:
+        dry_run = await store.dry_run_for(
+            conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
+        )
+    if dry_run is None or dry_run.expires_at <= datetime.now(UTC):
+        raise DryRunRequired("this call needs an unexpired dry-run of the same arguments")
+
+
+async def _resume(state: AppState, attempt: Attempt, record: ExecutionRow) -> Answer:
+    """An open record whose worker is gone: ask the provider what happened before acting."""
+    tool = attempt.tool
+    assert tool is not None
+    if tool.reconcile is None:
+        return await _send(state, attempt, record, resumed=True)
+    try:
+        response = await state.gateway.call(
+            tool.provider,
+            tool.reconcile,
+            {"operation_id": record.operation_id},
+            attempt.principal,
+            record.call_id,
+        )
+    except (NotSent, Uncertain) as exc:
+        await _mark_unknown(state, record)
+        raise _timeout(record) from exc
+    body = response.body if isinstance(response.body, dict) else {}
+    if response.status == 404:
+        return await _send(state, attempt, record, resumed=True)
+    if response.status != 200 or body.get("status") not in FINISHED:
+        await _mark_unknown(state, record)
+        raise _timeout(record)
+    provider_status = body.get("provider_status")
+    if not isinstance(provider_status, int):
+        provider_status = 200 if body["status"] == "succeeded" else 400
+    outcome = Response(provider_status, body.get("result"), response.elapsed_ms)
+    return await _store_outcome(state, attempt, record, outcome, body["status"], "reconciled")
+
+
+async def _send(
+    state: AppState, attempt: Attempt, record: ExecutionRow, *, resumed: bool
+) -> Answer:
+    """Forward with the operation id as the provider's Idempotency-Key; store the outcome."""
+    tool, call = attempt.tool, attempt.call
+    assert tool is not None
+    assert call is not None
+    try:
+        response = await state.gateway.call(
+            tool.provider,
+            tool.execute,
+            call.arguments,
+            attempt.principal,
+            record.call_id,
+            operation_id=record.operation_id,
+        )
+    except NotSent as exc:
+        if not resumed:
+            await _release(state, attempt, record)
+            raise ProviderUnavailable(
+                "the provider could not be reached; nothing ran", call_id=record.call_id
+            ) from exc
+        await _mark_unknown(state, record)
+        raise _timeout(record) from exc
+    except Uncertain as exc:
+        await _mark_unknown(state, record, attempt)
+        raise _timeout(record) from exc
+    status = classify(response.status)
+    if status == "unknown":
+        await _mark_unknown(state, record, attempt, response.status)
+        raise _timeout(record)
+    return await _store_outcome(
+        state,
+        attempt,
+        record,
+        response,
+        status,
+        "reconciled" if resumed else ("executed" if status == "succeeded" else "failed"),
+    )
+
+
+async def _store_outcome(
+    state: AppState,
+    attempt: Attempt,
+    record: ExecutionRow,
+    response: Response,
+    status: str,
+    event: str,
+) -> Answer:
+    tool = attempt.tool
+    assert tool is not None
+    answer = result_body(
+        tool, record.call_id, record.operation_id, status, response.status, response.body
+    )
+    async with state.db.transaction() as conn:
+        if not await store.finish(conn, record.operation_id, status, response.status, answer):
+            finished = await store.get_execution(
+                conn, record.tenant, record.actor, record.idempotency_key
+            )
+            if finished is None or finished.response is None:
+                raise _timeout(record)
+            return {**finished.response, "replayed": True}, {"Idempotent-Replayed": "true"}
+        await store.set_state(conn, record.call_id, status)
+        await append(
+            conn,
+            attempt.event(
+                event,
+                record.call_id,
+                decision="allow",
+                approval_id=record.approval_id,
+                authorized_by=attempt.authorized_by(),
+                outcome={
+                    "status": status,
+                    "provider_status": response.status,
+                    "operation_id": record.operation_id,
+                },
+                provider_ms=response.elapsed_ms,
+            ),
+        )
+    return answer, {}
+
+
+async def _release(state: AppState, attempt: Attempt, record: ExecutionRow) -> None:
+    """Nothing reached the provider: free the key and give the approval back."""
+    async with state.db.transaction() as conn:
+        await store.release(conn, record.operation_id)
+        await approvals.release(conn, record.operation_id)
+        await store.set_state(
+            conn, record.call_id, "approved" if record.approval_id else "proposed"
+        )
+        await append(
+            conn,
+            attempt.event(
+                "failed",
+                record.call_id,
+                decision="allow",
+                code="provider_unavailable",
+                reason="provider unreachable; nothing ran",
+                approval_id=record.approval_id,
+            ),
+        )
+
+
+async def _mark_unknown(
+    state: AppState,
+    record: ExecutionRow,
+    attempt: Attempt | None = None,
+    provider_status: int | None = None,
+) -> None:
+    async with state.db.transaction() as conn:
+        changed = await store.finish(conn, record.operation_id, "unknown", provider_status, None)
+        if changed:
+            await store.set_state(conn, record.call_id, "unknown")
+        if changed and attempt is not None:
+            await append(
+                conn,
+                attempt.event(
+                    "failed",
+                    record.call_id,
+                    decision="allow",
+                    code="provider_timeout",
+                    reason="outcome unknown until reconciled",
+                    approval_id=record.approval_id,
+                    outcome={
+                        "status": "unknown",
+                        "provider_status": provider_status,
+                        "operation_id": record.operation_id,
+                    },
+                ),
+            )
+
+
+def _timeout(record: ExecutionRow) -> ToolgateError:
+    return ProviderTimeout(
+        "the provider's outcome is unknown; retry with the same Idempotency-Key to reconcile",
+        call_id=record.call_id,
+        operation_id=record.operation_id,
+        status="unknown",
+    )
