@@ -66,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
 
 async def _migrate(settings: Settings) -> list[str]:
     from app.db import migrate
+    from app.errors import Unavailable
 
     try:
         return await migrate(settings.check_database())
-    except OSError as exc:
-        raise ConfigError(f"database unreachable: {exc}") from None
+    except Unavailable as exc:
+        raise ConfigError(exc.detail) from None
 
 
 def _check(settings: Settings, path: Path) -> int:
@@ -92,6 +93,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
     import uvicorn
 
     from app.catalog.loader import CatalogError
+    from app.errors import Unavailable
     from app.main import close_state, open_state
 
     async def preflight() -> None:
@@ -101,8 +103,8 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         asyncio.run(preflight())
     except CatalogError as exc:
         raise ConfigError(f"invalid catalog:\n{exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"database unreachable: {exc}") from None
+    except Unavailable as exc:
+        raise ConfigError(exc.detail) from None
     uvicorn.run(
         "app.main:serve_app",
         factory=True,

@@ -45,7 +45,7 @@ class Database:
             self._pool = await asyncpg.create_pool(
                 self._url, min_size=min_size, max_size=max_size, init=_init, command_timeout=10
             )
-        except _UNAVAILABLE as exc:
+        except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise Unavailable(f"database unreachable: {exc}") from exc
 
     async def close(self) -> None:
@@ -91,12 +91,19 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 )"""
 
 
+async def _connect(url: str) -> Connection:
+    try:
+        return await asyncpg.connect(url)
+    except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
+        raise Unavailable(f"database unreachable: {exc}") from exc
+
+
 async def migrate(url: str) -> list[str]:
     """Apply pending migrations in order, each in its own transaction; return their names.
 
     An advisory lock keeps two instances from migrating at once.
     """
-    conn = await asyncpg.connect(url)
+    conn = await _connect(url)
     applied: list[str] = []
     try:
         await conn.execute("SELECT pg_advisory_lock(74201)")
@@ -116,7 +123,7 @@ async def migrate(url: str) -> list[str]:
 
 async def pending_migrations(url: str) -> list[str]:
     """Migrations not yet applied to the database at ``url`` (all of them if none are)."""
-    conn = await asyncpg.connect(url)
+    conn = await _connect(url)
     try:
         exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
         done = (

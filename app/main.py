@@ -6,6 +6,9 @@ catalog, unusable keys, an unreachable or unmigrated database.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,15 +21,19 @@ from app import health, telemetry
 from app.approvals import router as approvals
 from app.auth.tokens import TokenVerifier
 from app.calls import router as calls
+from app.calls import store as calls_store
 from app.calls.gateway import Gateway
-from app.catalog.loader import load
+from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
-from app.errors import InvalidRequest, NotFound, ToolgateError
+from app.errors import InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.outbound import Outbound
 from app.responses import JSON, problem
 from app.settings import ConfigError, Settings
 from app.state import AppState
+
+PURGE_EVERY_S = 60.0
+log = logging.getLogger("toolgate")
 
 
 async def open_state(settings: Settings) -> AppState:
@@ -40,10 +47,10 @@ async def open_state(settings: Settings) -> AppState:
             " run `toolgate migrate`"
         )
     outbound = Outbound()
-    await outbound.start()
     verifier = TokenVerifier(settings, outbound)
     db = Database(url)
     await db.open()
+    await outbound.start()
     return AppState(
         settings=settings,
         catalog=catalog,
@@ -61,13 +68,49 @@ async def close_state(state: AppState) -> None:
     await state.locks.close()
 
 
+async def purge_expired_records(state: AppState) -> None:
+    """Forget finished execution records once ``TOOLGATE_IDEMPOTENCY_TTL_S`` has passed."""
+    while True:
+        await asyncio.sleep(PURGE_EVERY_S)
+        try:
+            async with state.db.transaction() as conn:
+                purged = await calls_store.purge_expired(conn)
+        except Unavailable:
+            continue
+        if purged:
+            log.info("purged %d expired execution records", purged)
+
+
+async def reload_catalog(state: AppState) -> None:
+    """Swap in the catalog as it is on disk now; a broken one leaves the current in place."""
+    settings = state.settings
+    try:
+        state.catalog = await asyncio.to_thread(load, settings.catalog_path, settings.env)
+    except CatalogError as exc:
+        log.error("catalog reload refused, keeping %s:\n%s", state.catalog.policy_version, exc)
+        return
+    log.info("catalog reloaded: %s", state.catalog.policy_version)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state = await open_state(app.state.settings)
     app.state.toolgate = state
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = {asyncio.create_task(purge_expired_records(state))}
+
+    def on_sighup() -> None:
+        task = asyncio.create_task(reload_catalog(state))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     try:
         yield
     finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+        for task in tasks:
+            task.cancel()
         await close_state(state)
 
 

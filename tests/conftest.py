@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +81,24 @@ def catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-async def settings(database_url: str, providers_url: str, catalog_dir: Path) -> Settings:
-    return Settings.from_env(
-        make_env(database_url, providers_url, TOOLGATE_CATALOG=str(catalog_dir))
-    )
+def env(database_url: str, providers_url: str, catalog_dir: Path) -> dict[str, str]:
+    """The environment of the test app; other instances start from a copy of it."""
+    return make_env(database_url, providers_url, TOOLGATE_CATALOG=str(catalog_dir))
+
+
+@pytest.fixture(scope="session")
+async def settings(env: dict[str, str]) -> Settings:
+    return Settings.from_env(env)
+
+
+@asynccontextmanager
+async def running_app(env: dict[str, str]) -> AsyncIterator[httpx.AsyncClient]:
+    """Another in-process instance with its own settings, for failure-mode tests."""
+    application = create_app(Settings.from_env(env))
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as c:
+            yield c
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from app.outbound import NotSent, Outbound, Uncertain
 from app.settings import ConfigError, Settings
 
 JWKS_REFETCH_COOLDOWN_S = 30.0
+JWKS_MAX_AGE_S = 300.0
 JWKS_TIMEOUT_S = 5.0
 
 
@@ -32,10 +33,15 @@ class JwksCache:
         self._lock = asyncio.Lock()
 
     async def key(self, kid: str | None) -> jwt.PyJWK:
-        key = self._lookup(kid)
+        """The key for ``kid``. Keys older than ``JWKS_MAX_AGE_S`` are refetched first, so a
+        key the issuer withdrew stops verifying; an unknown ``kid`` triggers at most one
+        refetch per cooldown."""
+        key = self._lookup(kid) if not self._stale() else None
         if key is not None:
             return key
         async with self._lock:
+            if self._stale():
+                await self._refresh()
             key = self._lookup(kid)
             if key is None and time.monotonic() - self._fetched_at >= JWKS_REFETCH_COOLDOWN_S:
                 await self._refresh()
@@ -43,6 +49,9 @@ class JwksCache:
         if key is None:
             raise Unauthenticated("token signed with an unknown key")
         return key
+
+    def _stale(self) -> bool:
+        return time.monotonic() - self._fetched_at >= JWKS_MAX_AGE_S
 
     def _lookup(self, kid: str | None) -> jwt.PyJWK | None:
         if kid is None and len(self._keys) == 1:

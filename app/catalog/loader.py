@@ -20,11 +20,15 @@ import rfc8785
 
 from app.catalog.models import Catalog, Endpoint, Impact, Provider, Resource, Tool
 from app.catalog.source import Problem, Source, interpolate, read
-from app.catalog.spec import CatalogSpec, EndpointSpec, ToolSpec
+from app.catalog.spec import CatalogSpec, EndpointSpec, ProviderSpec, ResourceSpec, ToolSpec
 
 ANNOTATIONS = {"x-identity", "x-resource", "x-egress", "x-sensitive"}
 CEL_VARIABLES = {"args", "principal"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# Variables that CEL macros bind, as in ``principal.roles.exists(r, r == "x")``.
+_MACRO_VARIABLE = re.compile(
+    r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,"
+)
 
 
 class CatalogError(Exception):
@@ -38,17 +42,44 @@ def load(location: Path, env: Mapping[str, str]) -> Catalog:
     source = read(location)
     if source.problems:
         raise CatalogError(source.problems)
-    try:
-        spec = CatalogSpec.model_validate(source.document)
-    except pydantic.ValidationError as exc:
-        for error in exc.errors():
-            source.problem(tuple(error["loc"]), error["msg"])
-        raise CatalogError(source.problems) from None
-    catalog = _compile(spec, source, env)
+    catalog = _compile(_shape(source), source, env)
     if source.problems:
         raise CatalogError(source.problems)
     assert catalog is not None
     return catalog
+
+
+_SECTION_MODELS: dict[str, type[pydantic.BaseModel]] = {
+    "providers": ProviderSpec,
+    "resources": ResourceSpec,
+    "tools": ToolSpec,
+}
+
+
+def _shape(source: Source) -> CatalogSpec:
+    """Check each entry's shape on its own, so one bad tool does not hide the others."""
+    document = source.document
+    top = {k: v for k, v in document.items() if k not in _SECTION_MODELS}
+    try:
+        spec = CatalogSpec.model_validate(top)
+    except pydantic.ValidationError as exc:
+        for error in exc.errors():
+            source.problem(tuple(error["loc"]), error["msg"])
+        spec = CatalogSpec.model_construct(version="-")
+    sections: dict[str, dict[str, Any]] = {}
+    for section, model in _SECTION_MODELS.items():
+        entries = document.get(section) or {}
+        if not isinstance(entries, dict):
+            source.problem((section,), "must be a mapping of names to entries")
+            entries = {}
+        sections[section] = {}
+        for name, entry in entries.items():
+            try:
+                sections[section][name] = model.model_validate(entry)
+            except pydantic.ValidationError as exc:
+                for error in exc.errors():
+                    source.problem((section, name, *error["loc"]), error["msg"])
+    return spec.model_copy(update=sections)
 
 
 def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catalog | None:
@@ -69,7 +100,7 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
     for name, r in spec.resources.items():
         where = ("resources", name)
         endpoint = _endpoint(r.owner, {"id"}, (*where, "owner"), source)
-        if r.provider not in spec.providers:
+        if r.provider not in source.document.get("providers", {}):
             source.problem((*where, "provider"), f"unknown provider {r.provider!r}")
         elif r.provider in providers:
             resources[name] = Resource(name, providers[r.provider], endpoint)
@@ -94,7 +125,7 @@ def _tool(
 ) -> Tool | None:
     where = ("tools", name)
     before = len(source.problems)
-    if t.provider not in spec.providers:
+    if t.provider not in source.document.get("providers", {}):
         source.problem((*where, "provider"), f"unknown provider {t.provider!r}")
     required = set(t.parameters.get("required", [])) if isinstance(t.parameters, dict) else set()
     validator = _schema(t.parameters, (*where, "parameters"), source)
@@ -190,9 +221,11 @@ def _schema(
     try:
         jsonschema_rs.meta.validate(schema)
         return jsonschema_rs.Draft202012Validator(schema, validate_formats=True)
-    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
+    except jsonschema_rs.ValidationError as exc:
+        source.problem((*where, *exc.instance_path), f"invalid JSON Schema: {exc.message}")
+    except (jsonschema_rs.ReferencingError, ValueError) as exc:
         source.problem(where, f"invalid JSON Schema: {str(exc).splitlines()[0]}")
-        return None
+    return None
 
 
 Annotations = tuple[dict[str, Any], list[tuple[str, str]], tuple[str, ...], frozenset[str]]
@@ -225,7 +258,7 @@ def _annotations(
                 source.problem((*here, "x-identity"), "x-identity is 'user' or 'tenant'")
             identity[arg] = prop["x-identity"]
         if "x-resource" in prop:
-            if prop["x-resource"] not in spec.resources:
+            if prop["x-resource"] not in source.document.get("resources", {}):
                 source.problem((*here, "x-resource"), f"unknown resource {prop['x-resource']!r}")
             resource_names.append((arg, prop["x-resource"]))
         if "x-egress" in prop:
@@ -287,7 +320,8 @@ def _cel(
     except ValueError as exc:
         source.problem(where, f"CEL does not compile: {str(exc).splitlines()[0]}")
         return None
-    unknown = set(program.variables()) - CEL_VARIABLES
+    bound = set(_MACRO_VARIABLE.findall(expression))
+    unknown = set(program.variables()) - CEL_VARIABLES - bound
     if unknown:
         source.problem(where, f"CEL may only reference args and principal, not {sorted(unknown)}")
         return None

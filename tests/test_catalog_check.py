@@ -1,0 +1,373 @@
+"""What ``toolgate check`` refuses (SPEC §3), each problem located by file, line and path.
+
+Every case mutates ``tests.catalogs.BASE`` by one edit; expected lines are computed from the
+mutated text, so a problem must point at the line that holds the offending node.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app.catalog.loader import CatalogError, load
+from app.catalog.source import Problem
+from tests.catalogs import BASE, write
+
+
+def line_of(text: str, needle: str) -> int:
+    """The 1-based line holding ``needle``, which must occur on exactly one line."""
+    hits = [n for n, line in enumerate(text.splitlines(), 1) if needle in line]
+    assert len(hits) == 1, f"{needle!r} is on lines {hits}"
+    return hits[0]
+
+
+def block_of(text: str, header: str) -> range:
+    """The lines of the mapping introduced by the line ``header`` (e.g. ``"  issue_refund:"``)."""
+    lines = text.splitlines()
+    start = line_of(text, header)
+    indent = len(header) - len(header.lstrip())
+    end = start
+    while end < len(lines):
+        following = lines[end]
+        if following.strip() and len(following) - len(following.lstrip()) <= indent:
+            break
+        end += 1
+    return range(start, end + 1)
+
+
+def edit(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
+    return text.replace(old, new)
+
+
+def problems_of(path: Path, env: dict[str, str] | None = None) -> list[Problem]:
+    with pytest.raises(CatalogError) as caught:
+        load(path, env or {})
+    assert caught.value.problems, "a CatalogError must list its problems"
+    for problem in caught.value.problems:
+        assert str(problem).startswith(f"{problem.file}:{problem.line}: ")
+    return caught.value.problems
+
+
+def at(problems: list[Problem], path: tuple[str | int, ...]) -> Problem:
+    """The one problem whose path starts with ``path``."""
+    found = [p for p in problems if p.path[: len(path)] == path]
+    assert len(found) == 1, f"expected one problem at {path}, got {[str(p) for p in problems]}"
+    return found[0]
+
+
+def test_the_base_catalog_is_valid(tmp_path: Path) -> None:
+    catalog = load(write(tmp_path, BASE), {})
+    assert set(catalog.tools) == {"get_order", "issue_refund", "update_email"}
+    assert catalog.label == "t1"
+
+
+@dataclass(frozen=True)
+class Case:
+    old: str
+    new: str
+    path: tuple[str | int, ...]
+    line: str | None = None
+    """A substring of the offending line in the mutated text."""
+    within: str | None = None
+    """For a missing key: the header line of the mapping the problem must point into."""
+
+
+ROLE = 'approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300}'
+REFUND_EXECUTE = "    execute: {method: POST, path: /refunds}\n"
+
+CASES: dict[str, Case] = {
+    "unknown_tool_key": Case(
+        "    result: {fields: [id, status]}\n",
+        "    result: {fields: [id, status]}\n    colour: blue\n",
+        ("tools", "get_order", "colour"),
+        line="colour: blue",
+    ),
+    "unknown_key_inside_approval": Case(
+        ROLE,
+        'approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300, escalate: true}',
+        ("tools", "issue_refund", "approval", "escalate"),
+        line="escalate: true",
+    ),
+    "unknown_top_level_key": Case(
+        'version: "t1"\n', 'version: "t1"\nowner: me\n', ("owner",), line="owner: me"
+    ),
+    "unknown_provider_of_a_tool": Case(
+        "    mutation: false\n    provider: billing\n",
+        "    mutation: false\n    provider: shipping\n",
+        ("tools", "get_order", "provider"),
+        line="provider: shipping",
+    ),
+    "unknown_provider_of_a_resource": Case(
+        "  order:\n    provider: billing\n",
+        "  order:\n    provider: warehouse\n",
+        ("resources", "order", "provider"),
+        line="provider: warehouse",
+    ),
+    "unknown_resource_in_x_resource": Case(
+        'pattern: "^ord_[A-Za-z0-9]+$", x-resource: order}',
+        'pattern: "^ord_[A-Za-z0-9]+$", x-resource: invoice}',
+        ("tools", "get_order", "parameters"),
+        line="x-resource: invoice",
+    ),
+    "invalid_json_schema_type_in_a_property": Case(
+        "        email: {type: string}\n",
+        "        email: {type: objectx}\n",
+        ("tools", "update_email", "parameters"),
+        line="email: {type: objectx}",
+    ),
+    "invalid_json_schema_keyword_value": Case(
+        "note: {type: string, maxLength: 500,",
+        "note: {type: string, maxLength: -1,",
+        ("tools", "issue_refund", "parameters"),
+        line="maxLength: -1",
+    ),
+    "cel_that_does_not_compile": Case(
+        'high_impact_when: "args.amount > 100.0"',
+        'high_impact_when: "args.amount >"',
+        ("tools", "issue_refund", "high_impact_when"),
+        line='high_impact_when: "args.amount >"',
+    ),
+    "cel_referencing_another_variable": Case(
+        'high_impact_when: "args.amount > 100.0"',
+        'high_impact_when: "request.amount > 100.0"',
+        ("tools", "issue_refund", "high_impact_when"),
+        line="request.amount",
+    ),
+    "cel_referencing_an_extra_variable": Case(
+        'high_impact_when: "args.amount > 100.0"',
+        'high_impact_when: "args.amount > limit"',
+        ("tools", "issue_refund", "high_impact_when"),
+        line="args.amount > limit",
+    ),
+    "placeholder_with_no_such_argument": Case(
+        'execute: {method: GET, path: "/orders/{order_id}"}',
+        'execute: {method: GET, path: "/orders/{order}"}',
+        ("tools", "get_order", "execute", "path"),
+        line='path: "/orders/{order}"',
+    ),
+    "placeholder_of_an_optional_argument": Case(
+        'execute: {method: PATCH, path: "/customers/{customer_id}"}',
+        'execute: {method: PATCH, path: "/customers/{customer_id}/{tenant_id}"}',
+        ("tools", "update_email", "execute", "path"),
+        line="{tenant_id}",
+    ),
+    "placeholder_of_the_dry_run_path": Case(
+        "dry_run: {method: POST, path: /refunds/preview}",
+        'dry_run: {method: POST, path: "/refunds/{refund_id}/preview"}',
+        ("tools", "issue_refund", "dry_run", "path"),
+        line="{refund_id}",
+    ),
+    "placeholder_of_a_resource_owner_path": Case(
+        'owner: {method: GET, path: "/orders/{id}/owner"}',
+        'owner: {method: GET, path: "/orders/{order_id}/owner"}',
+        ("resources", "order", "owner", "path"),
+        line="/orders/{order_id}/owner",
+    ),
+    "mutation_without_execute": Case(
+        REFUND_EXECUTE, "", ("tools", "issue_refund"), within="  issue_refund:"
+    ),
+    "require_dry_run_without_dry_run": Case(
+        "    dry_run: {method: POST, path: /refunds/preview}\n",
+        "",
+        ("tools", "issue_refund", "require_dry_run"),
+        line="require_dry_run: true",
+    ),
+    "impact_high_without_approval": Case(
+        '    approval: {approvers: ["role:support_lead"]}\n',
+        "",
+        ("tools", "update_email"),
+        within="  update_email:",
+    ),
+    "high_impact_when_without_approval": Case(
+        f"    {ROLE}\n", "", ("tools", "issue_refund"), within="  issue_refund:"
+    ),
+    "unknown_x_annotation": Case(
+        "note: {type: string, maxLength: 500, x-sensitive: true}",
+        "note: {type: string, maxLength: 500, x-sensitive: true, x-secret: true}",
+        ("tools", "issue_refund", "parameters"),
+        line="x-secret: true",
+    ),
+    "misspelt_x_annotation": Case(
+        "customer_id: {type: string, x-identity: user}",
+        "customer_id: {type: string, x-identiy: user}",
+        ("tools", "issue_refund", "parameters"),
+        line="x-identiy: user",
+    ),
+    "unset_env_reference_in_base_url": Case(
+        'base_url: "http://127.0.0.1:9"',
+        'base_url: "${TOOLGATE_TEST_BILLING_URL}/v1"',
+        ("providers", "billing"),
+        line="${TOOLGATE_TEST_BILLING_URL}",
+    ),
+    "unset_env_reference_in_a_header": Case(
+        "timeout_s: 2}",
+        'timeout_s: 2, headers: {X-Api-Key: "${TOOLGATE_TEST_BILLING_KEY}"}}',
+        ("providers", "billing"),
+        line="${TOOLGATE_TEST_BILLING_KEY}",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_check_refuses_and_locates_the_problem(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    text = edit(BASE, case.old, case.new)
+    path = write(tmp_path, text)
+    problems = problems_of(path)
+    problem = at(problems, case.path)
+    assert len(problems) == 1, [str(p) for p in problems]
+    assert problem.file == str(path)
+    if case.line is not None:
+        assert problem.line == line_of(text, case.line), str(problem)
+    else:
+        assert case.within is not None
+        assert problem.line in block_of(text, case.within), str(problem)
+
+
+def test_env_references_resolve_from_the_given_environment(tmp_path: Path) -> None:
+    text = edit(BASE, 'base_url: "http://127.0.0.1:9"', 'base_url: "${TOOLGATE_TEST_URL}/v1"')
+    text = edit(
+        text,
+        "timeout_s: 2}",
+        'timeout_s: 2, headers: {X-Api-Key: "${TOOLGATE_TEST_KEY:-dev-key}"}}',
+    )
+    catalog = load(write(tmp_path, text), {"TOOLGATE_TEST_URL": "http://127.0.0.1:9101"})
+    provider = catalog.tools["get_order"].provider
+    assert provider.base_url == "http://127.0.0.1:9101/v1"
+    assert provider.headers == {"X-Api-Key": "dev-key"}
+
+
+def test_cel_comprehension_variables_are_not_foreign_variables(tmp_path: Path) -> None:
+    """``exists(r, …)`` binds ``r`` inside the macro; it references only ``principal``."""
+    text = edit(
+        BASE,
+        'high_impact_when: "args.amount > 100.0"',
+        "high_impact_when: \"args.amount > 100.0 || principal.roles.exists(r, r == 'intern')\"",
+    )
+    catalog = load(write(tmp_path, text), {})
+    assert catalog.tools["issue_refund"].high_impact_when is not None
+
+
+def test_several_problems_in_one_file_are_all_reported_at_once(tmp_path: Path) -> None:
+    text = BASE
+    for old, new in (
+        (
+            "    mutation: false\n    provider: billing\n",
+            "    mutation: false\n    provider: ups\n",
+        ),
+        ('high_impact_when: "args.amount > 100.0"', 'high_impact_when: "args.amount >"'),
+        ("    dry_run: {method: POST, path: /refunds/preview}\n", ""),
+        ("customer_id: {type: string, x-identity: user}", "customer_id: {type: string, x-id: 1}"),
+        (
+            'execute: {method: PATCH, path: "/customers/{customer_id}"}',
+            'execute: {method: PATCH, path: "/c/{cid}"}',
+        ),
+        ('base_url: "http://127.0.0.1:9"', 'base_url: "${TOOLGATE_TEST_UNSET}"'),
+    ):
+        text = edit(text, old, new)
+    path = write(tmp_path, text)
+    problems = problems_of(path)
+    expected = {
+        ("tools", "get_order", "provider"): "provider: ups",
+        ("tools", "issue_refund", "high_impact_when"): 'high_impact_when: "args.amount >"',
+        ("tools", "issue_refund", "require_dry_run"): "require_dry_run: true",
+        ("tools", "issue_refund", "parameters"): "x-id: 1",
+        ("tools", "update_email", "execute", "path"): 'path: "/c/{cid}"',
+        ("providers", "billing"): "${TOOLGATE_TEST_UNSET}",
+    }
+    for where, needle in expected.items():
+        problem = at(problems, where)
+        assert (problem.file, problem.line) == (str(path), line_of(text, needle)), str(problem)
+
+
+def test_a_shape_error_in_one_tool_does_not_hide_problems_elsewhere(tmp_path: Path) -> None:
+    """SPEC §2: ``check`` prints *every* problem, so one round of fixes is enough."""
+    text = edit(
+        BASE,
+        "    result: {fields: [id, status]}\n",
+        "    result: {fields: [id, status]}\n    colour: blue\n",
+    )
+    text = edit(
+        text, 'high_impact_when: "args.amount > 100.0"', 'high_impact_when: "args.amount >"'
+    )
+    problems = problems_of(write(tmp_path, text))
+    assert at(problems, ("tools", "get_order", "colour")).line == line_of(text, "colour: blue")
+    assert at(problems, ("tools", "issue_refund", "high_impact_when")).line == line_of(
+        text, 'high_impact_when: "args.amount >"'
+    )
+
+
+# --- directories and policy_version ----------------------------------------------------------
+
+
+def split_base() -> tuple[str, str]:
+    """BASE as two files: header + get_order, and a ``tools:`` file with the other two."""
+    cut = BASE.index("  issue_refund:\n")
+    return BASE[:cut], "tools:\n" + BASE[cut:]
+
+
+def test_a_directory_of_yaml_files_is_merged(tmp_path: Path) -> None:
+    first, second = split_base()
+    directory = tmp_path / "catalog"
+    directory.mkdir()
+    write(directory, first, "10-base.yaml")
+    write(directory, second, "20-mutations.yaml")
+    (directory / "notes.txt").write_text("not: [yaml")
+    merged = load(directory, {})
+    single = load(write(tmp_path, BASE, "single.yaml"), {})
+    assert set(merged.tools) == {"get_order", "issue_refund", "update_email"}
+    assert merged.policy_version == single.policy_version
+
+
+def test_the_same_tool_in_two_files_is_a_problem(tmp_path: Path) -> None:
+    first, second = split_base()
+    get_order = BASE[BASE.index("  get_order:\n") : BASE.index("  issue_refund:\n")]
+    second = second + get_order
+    write(tmp_path, first, "10-base.yaml")
+    duplicate = write(tmp_path, second, "20-mutations.yaml")
+    problems = problems_of(tmp_path)
+    problem = at(problems, ("tools", "get_order"))
+    assert problem.file == str(duplicate)
+    assert problem.line in block_of(second, "  get_order:"), str(problem)
+
+
+def policy_version(tmp_path: Path, text: str, name: str) -> str:
+    return load(write(tmp_path, text, name), {}).policy_version
+
+
+def test_policy_version_is_the_label_and_a_short_content_hash(tmp_path: Path) -> None:
+    version = policy_version(tmp_path, BASE, "a.yaml")
+    assert re.fullmatch(r"t1#[0-9a-f]{6}", version), version
+    relabelled = policy_version(tmp_path, edit(BASE, 'version: "t1"', 'version: "t2"'), "b.yaml")
+    assert relabelled.startswith("t2#")
+
+
+def test_policy_version_changes_when_a_tool_changes(tmp_path: Path) -> None:
+    version = policy_version(tmp_path, BASE, "a.yaml")
+    for i, (old, new) in enumerate(
+        (
+            ("maximum: 5000", "maximum: 5001"),
+            ("ttl_s: 300}", "ttl_s: 301}"),
+            ("access: {roles: [support, customer]}", "access: {roles: [support]}"),
+            ("    mutation: false\n", "    description: Look up an order.\n    mutation: false\n"),
+        )
+    ):
+        changed = policy_version(tmp_path, edit(BASE, old, new), f"changed{i}.yaml")
+        assert changed.startswith("t1#")
+        assert changed != version, (old, new)
+
+
+def test_policy_version_ignores_comments_and_whitespace(tmp_path: Path) -> None:
+    version = policy_version(tmp_path, BASE, "a.yaml")
+    reformatted = "# toolgate test catalog\n\n" + BASE.replace(
+        "tools:\n", "\n# --- tools ---\ntools:\n\n"
+    ).replace("maximum: 5000}", "maximum: 5000 }   # upper bound").replace(
+        "access: {roles: [support, customer]}",
+        "access:\n      roles:\n        - support   # staff\n        - customer",
+    )
+    assert reformatted != BASE
+    assert policy_version(tmp_path, reformatted, "b.yaml") == version

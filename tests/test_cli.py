@@ -1,0 +1,253 @@
+"""The ``toolgate`` command as a real subprocess with a controlled environment (SPEC §2).
+
+``python -m app.cli`` runs from the repository root so the checkout under test is the one
+imported. Every subprocess has a timeout; ``serve`` must refuse bad configurations on its
+own, quickly, without ever listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import jwt
+import pytest
+
+from app.db import migration_files
+from tests.catalogs import BASE, write
+from tests.conftest import ADMIN_DSN, ROOT, SECRET
+
+SERVE_TIMEOUT_S = 20
+
+
+def base_env(**variables: str) -> dict[str, str]:
+    """No inherited TOOLGATE_* variables: only what the test sets."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLGATE_", "DEMO_"))}
+    return {**env, **variables}
+
+
+def toolgate(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+async def run(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(toolgate, *args, env=env, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+# --- check ------------------------------------------------------------------------------------
+
+
+async def test_check_accepts_the_shipped_catalog() -> None:
+    result = await run("check", "catalog/", env=base_env())
+    assert result.returncode == 0, result.stderr
+    assert "policy_version demo-2026-11-29#" in result.stdout
+
+
+async def test_check_prints_every_problem_with_file_and_line(tmp_path: Path) -> None:
+    text = BASE
+    for old, new in (
+        (
+            "    mutation: false\n    provider: billing\n",
+            "    mutation: false\n    provider: ups\n",
+        ),
+        ('high_impact_when: "args.amount > 100.0"', 'high_impact_when: "request.amount > 1"'),
+        ("    dry_run: {method: POST, path: /refunds/preview}\n", ""),
+    ):
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    path = write(tmp_path, text)
+    lines = text.splitlines()
+    expected = [
+        lines.index("    provider: ups") + 1,
+        lines.index('    high_impact_when: "request.amount > 1"') + 1,
+        lines.index("    require_dry_run: true") + 1,
+    ]
+    for args, env in (
+        (("check", str(path)), base_env()),
+        (("check",), base_env(TOOLGATE_CATALOG=str(path))),
+        (("--catalog", str(path), "check"), base_env()),
+    ):
+        result = await run(*args, env=env)
+        assert result.returncode != 0, args
+        output = result.stdout + result.stderr
+        for line in expected:
+            assert f"{path}:{line}: " in output, (args, line, output)
+        assert "Traceback" not in output
+
+
+async def test_check_of_a_missing_path_fails(tmp_path: Path) -> None:
+    result = await run("check", str(tmp_path / "nope.yaml"), env=base_env())
+    assert result.returncode != 0
+    assert "nope.yaml" in result.stdout + result.stderr
+
+
+# --- token ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ttl", "expected_ttl"), [(None, 3600), ("120", 120)])
+async def test_token_mints_a_verifiable_hs256_token(ttl: str | None, expected_ttl: int) -> None:
+    args = ["token", "--sub", "a", "--tenant", "t", "--roles", "x,y"]
+    if ttl is not None:
+        args += ["--ttl", ttl]
+    before = time.time()
+    result = await run(*args, env=base_env(TOOLGATE_JWT_SECRET=SECRET))
+    assert result.returncode == 0, result.stderr
+    token = result.stdout.strip()
+    assert jwt.get_unverified_header(token)["alg"] == "HS256"
+    claims = jwt.decode(token, SECRET, algorithms=["HS256"])
+    assert (claims["sub"], claims["tid"], claims["roles"]) == ("a", "t", ["x", "y"])
+    assert before + expected_ttl - 5 <= claims["exp"] <= time.time() + expected_ttl + 5
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(token, "x" * 40, algorithms=["HS256"])
+
+
+async def test_token_without_a_secret_fails_clearly() -> None:
+    result = await run("token", "--sub", "a", "--tenant", "t", env=base_env())
+    assert result.returncode != 0
+    assert "TOOLGATE_JWT_SECRET" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --- serve refuses to start -------------------------------------------------------------------
+
+
+@pytest.fixture
+async def fresh_database() -> AsyncIterator[str]:
+    """A database that exists but has no schema at all; dropped afterwards."""
+    name = f"toolgate_cli_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(ADMIN_DSN)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield ADMIN_DSN.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def refuses_to_serve(env: dict[str, str], *messages: str) -> str:
+    port = free_port()
+    started = time.monotonic()
+    result = await run("serve", "--port", str(port), env=env, timeout=SERVE_TIMEOUT_S)
+    assert time.monotonic() - started < SERVE_TIMEOUT_S
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert not listening(port)
+    assert "Uvicorn running" not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    for message in messages:
+        assert message in result.stderr, result.stderr
+    return result.stderr
+
+
+def serve_env(database_url: str | None, **variables: str) -> dict[str, str]:
+    env = {"TOOLGATE_CATALOG": str(ROOT / "catalog"), "TOOLGATE_JWT_SECRET": SECRET}
+    if database_url is not None:
+        env["TOOLGATE_DATABASE_URL"] = database_url
+    return base_env(**{**env, **variables})
+
+
+async def test_serve_refuses_without_any_key(database_url: str) -> None:
+    env = serve_env(database_url)
+    del env["TOOLGATE_JWT_SECRET"]
+    await refuses_to_serve(env, "TOOLGATE_JWT_SECRET", "TOOLGATE_JWKS_URL")
+
+
+async def test_serve_refuses_a_short_secret(database_url: str) -> None:
+    await refuses_to_serve(
+        serve_env(database_url, TOOLGATE_JWT_SECRET="s" * 31), "TOOLGATE_JWT_SECRET", "32"
+    )
+
+
+async def test_serve_refuses_both_a_secret_and_a_jwks_url(database_url: str) -> None:
+    env = serve_env(database_url, TOOLGATE_JWKS_URL="http://127.0.0.1:9/jwks.json")
+    await refuses_to_serve(env, "exactly one")
+
+
+async def test_a_refused_start_does_not_leak_the_outbound_client_session(
+    database_url: str,
+) -> None:
+    """The key check fails after the HTTP client was opened; it must be closed again."""
+    stderr = await refuses_to_serve(serve_env(database_url, TOOLGATE_JWT_SECRET="s" * 31))
+    assert "Unclosed client session" not in stderr, stderr
+
+
+async def test_serve_refuses_an_invalid_catalog(database_url: str, tmp_path: Path) -> None:
+    text = BASE.replace(
+        "    mutation: false\n    provider: billing\n", "    mutation: false\n    provider: ups\n"
+    )
+    path = write(tmp_path, text)
+    line = text.splitlines().index("    provider: ups") + 1
+    await refuses_to_serve(
+        serve_env(database_url, TOOLGATE_CATALOG=str(path)), "invalid catalog", f"{path}:{line}"
+    )
+
+
+async def test_serve_refuses_without_a_database_url() -> None:
+    await refuses_to_serve(serve_env(None), "TOOLGATE_DATABASE_URL")
+
+
+async def test_serve_refuses_a_database_that_is_not_migrated(fresh_database: str) -> None:
+    await refuses_to_serve(serve_env(fresh_database), "toolgate migrate")
+
+
+async def test_serve_refuses_a_database_that_does_not_exist() -> None:
+    missing = ADMIN_DSN.rsplit("/", 1)[0] + f"/toolgate_missing_{secrets.token_hex(4)}"
+    await refuses_to_serve(serve_env(missing), "does not exist")
+
+
+# --- migrate ----------------------------------------------------------------------------------
+
+
+async def test_migrate_applies_every_migration_and_is_idempotent(fresh_database: str) -> None:
+    env = base_env(TOOLGATE_DATABASE_URL=fresh_database)
+    versions = [version for version, _ in migration_files()]
+    assert versions
+
+    first = await run("migrate", env=env)
+    assert first.returncode == 0, first.stderr
+    for version in versions:
+        assert version in first.stdout
+
+    second = await run("migrate", env=env)
+    assert second.returncode == 0, second.stderr
+    assert "up to date" in second.stdout
+    assert not any(version in second.stdout for version in versions)
+
+    conn = await asyncpg.connect(fresh_database)
+    try:
+        applied = [r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")]
+        assert sorted(applied) == versions
+        assert await conn.fetchval("SELECT to_regclass('calls') IS NOT NULL")
+    finally:
+        await conn.close()

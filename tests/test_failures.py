@@ -1,0 +1,121 @@
+"""Fail closed: unreachable providers, Redis or database trouble, and expired records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import httpx
+
+from tests.conftest import Providers, running_app
+from tests.flows import ALICE, Auth, Flow, new_key
+
+DEAD = "http://127.0.0.1:1"
+
+DEAD_PROVIDER_CATALOG = (
+    """
+version: "dead-1"
+providers:
+  billing: {base_url: "${DEMO_PROVIDERS_URL}/billing", timeout_s: 1}
+  dead: {base_url: "%s", timeout_s: 1}
+resources:
+  order:
+    provider: billing
+    owner: {method: GET, path: "/orders/{id}/owner"}
+tools:
+  cancel_order:
+    mutation: true
+    provider: dead
+    execute: {method: POST, path: "/orders/{order_id}/cancel"}
+    impact: high
+    approval: {approvers: [owner]}
+    access: {roles: [support]}
+    parameters:
+      type: object
+      additionalProperties: false
+      required: [order_id]
+      properties:
+        order_id: {type: string, x-resource: order}
+"""
+    % DEAD
+)
+
+
+async def test_an_unreachable_provider_releases_the_key_and_the_approval(
+    env: dict[str, str],
+    auth: Auth,
+    tmp_path: Path,
+    db: asyncpg.Connection,
+    providers: Providers,
+) -> None:
+    (tmp_path / "dead.yaml").write_text(DEAD_PROVIDER_CATALOG)
+    async with running_app({**env, "TOOLGATE_CATALOG": str(tmp_path)}) as client:
+        flow = Flow(client, auth)
+        args = {"order_id": "ord_1"}
+        proposal = await flow.propose("cancel_order", args)
+        assert proposal["next"] == "approval"
+        approval = await flow.approve(proposal["call_id"], None, ALICE)
+        assert approval.status_code == 200, approval.text
+        approval_id = approval.json()["approval_id"]
+        key = new_key()
+        for _ in range(2):
+            response = await flow.execute("cancel_order", args, key, approval_id=approval_id)
+            assert (response.status_code, response.json()["code"]) == (502, "provider_unavailable")
+        other_key = await flow.execute("cancel_order", args, new_key(), approval_id=approval_id)
+        assert other_key.json()["code"] == "provider_unavailable", "the approval was given back"
+    assert await db.fetchval("SELECT count(*) FROM executions") == 0
+    assert await db.fetchval("SELECT consumed_by FROM approvals WHERE id = $1", approval_id) is None
+    codes = await db.fetch("SELECT code FROM audit_events WHERE event = 'failed'")
+    assert [r["code"] for r in codes] == ["provider_unavailable"] * 3
+
+
+async def test_redis_down_fails_mutations_closed(
+    env: dict[str, str], auth: Auth, providers: Providers, db: asyncpg.Connection
+) -> None:
+    async with running_app({**env, "TOOLGATE_REDIS_URL": "redis://127.0.0.1:1/0"}) as client:
+        flow = Flow(client, auth)
+        response = await flow.execute("create_ticket", {"subject": "s", "body": "b"}, new_key())
+        assert (response.status_code, response.json()["code"]) == (503, "unavailable")
+        ready = await client.get("/readyz")
+        assert (ready.status_code, ready.json()["checks"]["redis"]) == (503, "unreachable")
+    assert (await providers.stats())["effects"] == 0
+    assert await db.fetchval("SELECT count(*) FROM executions") == 0
+
+
+async def test_a_lost_database_answers_503_not_an_allow(
+    env: dict[str, str], auth: Auth, providers: Providers
+) -> None:
+    async with running_app(env) as client:
+        state = client._transport.app.state.toolgate  # type: ignore[attr-defined]
+        await state.db.close()
+        response = await client.post(
+            "/execute",
+            json={"tool": "get_order", "arguments": {"order_id": "ord_1"}},
+            headers=auth(),
+        )
+        assert (response.status_code, response.json()["code"]) == (503, "unavailable")
+        assert (await client.get("/readyz")).status_code == 503
+
+
+async def test_expired_records_are_purged_and_their_key_may_be_used_again(
+    client: httpx.AsyncClient,
+    auth: Auth,
+    providers: Providers,
+    db: asyncpg.Connection,
+    app: object,
+) -> None:
+    from app.calls import store
+
+    flow = Flow(client, auth)
+    key = new_key()
+    args = {"subject": "s", "body": "b"}
+    assert (await flow.execute("create_ticket", args, key)).json()["status"] == "succeeded"
+    await db.execute("UPDATE executions SET expires_at = now() - interval '1 second'")
+    again = await flow.execute("create_ticket", args, key)
+    assert "Idempotent-Replayed" not in again.headers
+    assert again.json()["status"] == "succeeded"
+    assert (await providers.stats())["effects"] == 2
+    await db.execute("UPDATE executions SET expires_at = now() - interval '1 second'")
+    async with app.state.toolgate.db.transaction() as conn:  # type: ignore[attr-defined]
+        assert await store.purge_expired(conn) == 1
+    assert await db.fetchval("SELECT count(*) FROM executions") == 0
