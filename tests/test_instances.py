@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -75,8 +75,11 @@ async def instances(env: dict[str, str]) -> AsyncIterator[list[Instance]]:
 
 
 @pytest.fixture
-def clients(instances: list[Instance]) -> Iterator[list[httpx.AsyncClient]]:
-    yield [httpx.AsyncClient(base_url=i.url, timeout=30) for i in instances]
+async def clients(instances: list[Instance]) -> AsyncIterator[list[httpx.AsyncClient]]:
+    opened = [httpx.AsyncClient(base_url=i.url, timeout=30) for i in instances]
+    yield opened
+    for c in opened:
+        await c.aclose()
 
 
 async def effects(providers: Providers) -> int:
@@ -102,8 +105,6 @@ async def test_parallel_retries_across_two_instances_have_one_effect(
         replay = await flow.execute("issue_refund", refund_args(), key, approval_id=approval_id)
         assert replay.headers["Idempotent-Replayed"] == "true"
     assert await effects(providers) == 1
-    for c in clients:
-        await c.aclose()
 
 
 async def test_a_killed_instance_leaves_a_record_the_next_retry_reconciles(
@@ -143,8 +144,6 @@ async def test_a_killed_instance_leaves_a_record_the_next_retry_reconciles(
     assert await effects(providers) == 1
     assert await db.fetchval("SELECT state FROM executions") == "succeeded"
     assert await db.fetchval("SELECT count(*) FROM audit_events WHERE event = 'reconciled'") == 1
-    for c in clients:
-        await c.aclose()
 
 
 async def test_sighup_reloads_the_catalog_and_a_broken_one_is_refused(
