@@ -11,13 +11,13 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeAlias
 
 import asyncpg
 
 from app.errors import Unavailable
 
-Connection = asyncpg.Connection
-Record = asyncpg.Record
+Connection: TypeAlias = asyncpg.Connection
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 _UNAVAILABLE = (

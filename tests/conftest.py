@@ -114,9 +114,8 @@ async def app(settings: Settings) -> AsyncIterator[Any]:
 
 
 @pytest.fixture
-async def client(
-    app: Any, database_url: str, providers: Providers
-) -> AsyncIterator[httpx.AsyncClient]:
+async def clean(database_url: str) -> None:
+    """Every test starts from empty tables (the schema stays)."""
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(
@@ -124,6 +123,10 @@ async def client(
         )
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def client(app: Any, clean: None, providers: Providers) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as c:
         yield c
@@ -179,7 +182,7 @@ def auth(token: Callable[..., str]) -> Callable[..., dict[str, str]]:
 
 
 @pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+async def db(database_url: str, clean: None) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(database_url)
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     yield conn

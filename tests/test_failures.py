@@ -10,14 +10,11 @@ import httpx
 from tests.conftest import Providers, running_app
 from tests.flows import ALICE, Auth, Flow, new_key
 
-DEAD = "http://127.0.0.1:1"
-
-DEAD_PROVIDER_CATALOG = (
-    """
+DEAD_PROVIDER_CATALOG = """
 version: "dead-1"
 providers:
   billing: {base_url: "${DEMO_PROVIDERS_URL}/billing", timeout_s: 1}
-  dead: {base_url: "%s", timeout_s: 1}
+  dead: {base_url: "http://127.0.0.1:1", timeout_s: 1}
 resources:
   order:
     provider: billing
@@ -37,8 +34,6 @@ tools:
       properties:
         order_id: {type: string, x-resource: order}
 """
-    % DEAD
-)
 
 
 async def test_an_unreachable_provider_releases_the_key_and_the_approval(
