@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install toolgate with its test dependencies into .venv, lint and type-check it, and run
-# the whole test suite against
-# the local PostgreSQL and Redis (each run makes and drops its own database).
+# the whole test suite against the local PostgreSQL and Redis (each run makes and drops its
+# own database and Redis key prefix).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
