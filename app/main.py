@@ -24,6 +24,7 @@ from app.calls import router as calls
 from app.calls import store as calls_store
 from app.calls.gateway import Gateway
 from app.catalog import router as catalog
+from app.runs import router as runs
 from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
 from app.errors import InvalidRequest, NotFound, ToolgateError, Unavailable
@@ -123,6 +124,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(calls.router)
     app.include_router(approvals.router)
     app.include_router(catalog.router)
+    app.include_router(runs.router)
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:

@@ -119,7 +119,8 @@ async def clean(database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(
-            "TRUNCATE calls, audit_events, dry_runs, approvals, executions RESTART IDENTITY"
+            "TRUNCATE calls, audit_events, dry_runs, approvals, executions, runs, run_repeats"
+            " RESTART IDENTITY"
         )
     finally:
         await conn.close()

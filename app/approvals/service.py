@@ -17,7 +17,7 @@ from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import policy
 from app.calls import store as calls
-from app.calls.decisions import new_id, owners_of
+from app.calls.decisions import owners_of
 from app.calls.models import CallRow, DryRunRow
 from app.calls.results import mask_arguments
 from app.catalog.models import Tool
@@ -29,6 +29,7 @@ from app.errors import (
     NotFound,
     ToolForbidden,
 )
+from app.ids import new_id
 from app.state import AppState
 
 

@@ -5,7 +5,6 @@ before the caller hears the answer; a denied call never reaches the provider."""
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,14 +16,12 @@ from app.calls.models import CallRow
 from app.calls.policy import Decision, Facts, PreparedCall
 from app.calls.results import mask_arguments
 from app.catalog.models import Catalog, Tool
+from app.db import Connection
 from app.errors import DENIALS, NotFound, ToolgateError, UnknownTool
+from app.runs import service as runs
 from app.state import AppState
 
 PROPOSED_BY = "model"
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
 
 
 @dataclass
@@ -145,16 +142,66 @@ async def record_denial(
     event: str = "denied",
 ) -> None:
     """Store a denial with its audit row; ``deny_call`` also marks an existing call denied."""
-    error.extra["call_id"] = call_id
     async with state.db.transaction() as conn:
-        if existing is None:
-            await store.insert(conn, attempt.row(call_id, None, error))
-        elif deny_call:
-            await store.set_state(conn, call_id, "denied")
-        await append(
-            conn,
-            attempt.event(event, call_id, decision="deny", code=error.code, reason=error.detail),
+        await write_denial(
+            conn, attempt, call_id, existing, error, deny_call=deny_call, event=event
         )
+
+
+async def write_denial(
+    conn: Connection,
+    attempt: Attempt,
+    call_id: str,
+    existing: CallRow | None,
+    error: ToolgateError,
+    *,
+    deny_call: bool,
+    event: str = "denied",
+) -> None:
+    """``record_denial`` inside the caller's transaction. A new denied call still counts
+    against its run: a loop of refused calls is a loop too."""
+    error.extra["call_id"] = call_id
+    if existing is None:
+        await store.insert(conn, attempt.row(call_id, None, error))
+        if attempt.run_id is not None:
+            await runs.count_denied(conn, attempt.run_id)
+    elif deny_call:
+        await store.set_state(conn, call_id, "denied")
+    await append(
+        conn,
+        attempt.event(event, call_id, decision="deny", code=error.code, reason=error.detail),
+    )
+
+
+async def admit_to_run(
+    conn: Connection, attempt: Attempt, *, new_call: bool, cost: float
+) -> ToolgateError | None:
+    """Count this call (and charge ``cost``) against its run, if it has one; the 429 to
+    record and answer otherwise."""
+    if attempt.run_id is None:
+        return None
+    fingerprint = attempt.call.fingerprint if attempt.call else None
+    return await runs.admit(
+        conn, attempt.principal, attempt.run_id, fingerprint, new_call=new_call, cost=cost
+    )
+
+
+async def record_run_outcome(conn: Connection, attempt: Attempt, status: str, result: Any) -> None:
+    if attempt.run_id is not None and attempt.call is not None:
+        await runs.record_outcome(conn, attempt.run_id, attempt.call.fingerprint, status, result)
+
+
+async def refund_run(conn: Connection, attempt: Attempt) -> None:
+    """An execution that certainly never ran costs its run nothing."""
+    if attempt.run_id is not None and attempt.tool is not None:
+        await runs.refund(conn, attempt.run_id, attempt.tool.cost)
+
+
+async def check_run(state: AppState, principal: Principal, run_id: str | None) -> None:
+    """A ``run_id`` must name the principal's own run before anything is recorded under it."""
+    if run_id is not None:
+        async with state.db.connection() as conn:
+            await runs.visible(conn, principal, run_id)
 
 
 async def visible_call(state: AppState, principal: Principal, call_id: str) -> CallRow:

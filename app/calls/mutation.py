@@ -19,7 +19,14 @@ from app.approvals import store as approvals
 from app.approvals.models import ApprovalRow, Binding
 from app.audit.store import append
 from app.calls import store
-from app.calls.decisions import Attempt, new_id, record_denial
+from app.calls.decisions import (
+    Attempt,
+    admit_to_run,
+    record_denial,
+    record_run_outcome,
+    refund_run,
+    write_denial,
+)
 from app.calls.models import CallRow, ExecuteBody, ExecutionRow
 from app.calls.policy import Decision, PreparedCall
 from app.calls.results import classify, result_body
@@ -39,6 +46,7 @@ from app.errors import (
     ProviderUnavailable,
     ToolgateError,
 )
+from app.ids import new_id
 from app.outbound import NotSent, Response, Uncertain
 from app.state import AppState
 
@@ -171,14 +179,25 @@ async def _first_call(
         response=None,
         expires_at=datetime.now(UTC) + timedelta(seconds=state.settings.idempotency_ttl_s),
     )
+    new_call = existing is None and approval is None
     async with state.db.transaction() as conn:
-        if existing is None and approval is None:
-            await store.insert(conn, attempt.row(call_id, decision, None))
-        await store.set_state(conn, call_id, "executing")
-        if not await store.claim(conn, execution):
-            raise IdempotencyInFlight("the original request with this key is still running")
-        if approval is not None and not await approvals.consume(conn, approval.id, operation_id):
-            raise ApprovalConsumed("the approval was used by another execution")
+        refusal = await admit_to_run(conn, attempt, new_call=new_call, cost=tool.cost)
+        if refusal is not None:
+            await write_denial(
+                conn, attempt, call_id, None if new_call else existing, refusal, deny_call=False
+            )
+        else:
+            if new_call:
+                await store.insert(conn, attempt.row(call_id, decision, None))
+            await store.set_state(conn, call_id, "executing")
+            if not await store.claim(conn, execution):
+                raise IdempotencyInFlight("the original request with this key is still running")
+            if approval is not None and not await approvals.consume(
+                conn, approval.id, operation_id
+            ):
+                raise ApprovalConsumed("the approval was used by another execution")
+    if refusal is not None:
+        raise refusal
     return await _send(state, attempt, execution, resumed=False)
 
 
@@ -328,6 +347,7 @@ async def _store_outcome(
                 raise _timeout(record)
             return {**finished.response, "replayed": True}, {"Idempotent-Replayed": "true"}
         await store.set_state(conn, record.call_id, status)
+        await record_run_outcome(conn, attempt, status, answer["result"])
         await append(
             conn,
             attempt.event(
@@ -352,6 +372,7 @@ async def _release(state: AppState, attempt: Attempt, record: ExecutionRow) -> N
     async with state.db.transaction() as conn:
         await store.release(conn, record.operation_id)
         await approvals.release(conn, record.operation_id)
+        await refund_run(conn, attempt)
         await store.set_state(
             conn, record.call_id, "approved" if record.approval_id else "proposed"
         )
@@ -379,6 +400,7 @@ async def _mark_unknown(
         if changed:
             await store.set_state(conn, record.call_id, "unknown")
         if changed and attempt is not None:
+            await record_run_outcome(conn, attempt, "unknown", None)
             await append(
                 conn,
                 attempt.event(

@@ -17,14 +17,18 @@ from app.calls import mutation, store
 from app.calls.decisions import (
     PROPOSED_BY,
     Attempt,
+    admit_to_run,
+    check_run,
     decide_or_record_denial,
-    new_id,
+    record_run_outcome,
     visible_call,
+    write_denial,
 )
 from app.calls.models import CallRow, DryRunBody, DryRunRow, ExecuteBody, ProposeBody
 from app.calls.policy import Decision
 from app.calls.results import classify, result_body
 from app.errors import InvalidRequest, ProviderTimeout, ProviderUnavailable
+from app.ids import new_id
 from app.outbound import NotSent, Uncertain
 from app.state import AppState
 
@@ -41,23 +45,32 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
         tool_call_id=body.tool_call_id,
         started=time.perf_counter(),
     )
+    await check_run(state, principal, body.run_id)
     call_id = new_id("call")
     decision = await decide_or_record_denial(state, attempt, call_id, None)
     row = attempt.row(call_id, decision, None)
     if decision.next == "approval":
         row = replace(row, state="awaiting_approval")
     async with state.db.transaction() as conn:
-        await store.insert(conn, row)
-        await append(
-            conn,
-            attempt.event(
-                "proposed",
-                call_id,
-                decision="allow",
-                reason=f"next: {decision.next}",
-                authorized_by=row.authorized_by,
-            ),
-        )
+        refusal = await admit_to_run(conn, attempt, new_call=True, cost=0.0)
+        if refusal is not None:
+            await write_denial(conn, attempt, call_id, None, refusal, deny_call=False)
+            raise_after = refusal
+        else:
+            raise_after = None
+            await store.insert(conn, row)
+            await append(
+                conn,
+                attempt.event(
+                    "proposed",
+                    call_id,
+                    decision="allow",
+                    reason=f"next: {decision.next}",
+                    authorized_by=row.authorized_by,
+                ),
+            )
+    if raise_after is not None:
+        raise raise_after
     return {
         "call_id": call_id,
         "tool": row.tool,
@@ -86,15 +99,18 @@ async def execute(
     state: AppState, principal: Principal, body: ExecuteBody, idempotency_key: str | None
 ) -> Outcome:
     """Run a call now, re-authorized from scratch: reads here, mutations exactly once."""
+    existing = await visible_call(state, principal, body.call_id) if body.call_id else None
+    if existing is not None and body.run_id not in (None, existing.run_id):
+        raise InvalidRequest("run_id differs from the run of call_id")
     attempt = Attempt(
         principal=principal,
         catalog=state.catalog,
         tool_name=body.tool,
         raw_arguments=body.arguments,
-        run_id=body.run_id,
+        run_id=body.run_id or (existing.run_id if existing else None),
         started=time.perf_counter(),
     )
-    existing = await visible_call(state, principal, body.call_id) if body.call_id else None
+    await check_run(state, principal, attempt.run_id)
     call_id = existing.id if existing else new_id("call")
     decision = await decide_or_record_denial(state, attempt, call_id, existing)
     if attempt.tool is not None and attempt.tool.mutation:
@@ -115,34 +131,34 @@ async def _read(
         call.fingerprint,
     ):
         raise InvalidRequest("call_id names a call with another tool, target or arguments")
+    if attempt.run_id is not None:
+        async with state.db.transaction() as conn:
+            refusal = await admit_to_run(conn, attempt, new_call=existing is None, cost=tool.cost)
+            if refusal is not None:
+                await write_denial(conn, attempt, call_id, existing, refusal, deny_call=False)
+        if refusal is not None:
+            raise refusal
     try:
         response = await state.gateway.call(
             tool.provider, tool.execute, call.arguments, attempt.principal, call_id
         )
     except NotSent as exc:
-        await _record_read(state, attempt, decision, existing, call_id, "failed", None, None)
+        await _record_read(state, attempt, decision, existing, call_id, None)
         raise ProviderUnavailable("the provider could not be reached", call_id=call_id) from exc
     except Uncertain as exc:
-        await _record_read(state, attempt, decision, existing, call_id, "failed", None, None)
+        await _record_read(state, attempt, decision, existing, call_id, None)
         raise ProviderTimeout(
             "the provider did not answer in time", call_id=call_id, status="unknown"
         ) from exc
-    status = classify(response.status)
-    await _record_read(
-        state,
-        attempt,
-        decision,
-        existing,
-        call_id,
-        "failed" if status == "unknown" else status,
-        response.status,
-        response.elapsed_ms,
+    answer = result_body(
+        tool, call_id, None, classify(response.status), response.status, response.body
     )
-    if status == "unknown":
+    await _record_read(state, attempt, decision, existing, call_id, answer, response.elapsed_ms)
+    if answer["status"] == "unknown":
         raise ProviderTimeout(
             "the provider did not give a usable answer", call_id=call_id, status="unknown"
         )
-    return result_body(tool, call_id, None, status, response.status, response.body)
+    return answer
 
 
 async def _record_read(
@@ -151,16 +167,20 @@ async def _record_read(
     decision: Decision,
     existing: CallRow | None,
     call_id: str,
-    status: str,
-    provider_status: int | None,
-    provider_ms: float | None,
+    answer: dict[str, Any] | None,
+    provider_ms: float | None = None,
 ) -> None:
+    """A read's outcome: no execution record, just the call, its audit row and the run."""
+    status = "succeeded" if answer is not None and answer["status"] == "succeeded" else "failed"
+    call = attempt.call
+    assert call is not None
     row = replace(attempt.row(call_id, decision, None), state=status)
     async with state.db.transaction() as conn:
         if existing is None:
             await store.insert(conn, row)
         else:
             await store.set_state(conn, call_id, status)
+        await record_run_outcome(conn, attempt, status, answer["result"] if answer else None)
         await append(
             conn,
             attempt.event(
@@ -168,7 +188,10 @@ async def _record_read(
                 call_id,
                 decision="allow",
                 authorized_by=row.authorized_by,
-                outcome={"status": status, "provider_status": provider_status},
+                outcome={
+                    "status": status,
+                    "provider_status": answer["provider_status"] if answer else None,
+                },
                 provider_ms=provider_ms,
             ),
         )

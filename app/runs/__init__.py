@@ -1,0 +1,1 @@
+"""Runs: budgets that stop runaway agent loops (SPEC §4 Runs)."""

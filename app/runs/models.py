@@ -1,0 +1,73 @@
+"""Run bodies, limits and rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FINISHED = ("completed", "needs_clarification", "handed_off", "failed")
+
+
+class Limits(BaseModel):
+    """Requested limits; each is capped by the server maximum, which it can never raise."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_calls: int | None = Field(default=None, ge=1)
+    max_seconds: int | None = Field(default=None, ge=1)
+    max_cost: float | None = Field(default=None, ge=0)
+    max_repeats: int | None = Field(default=None, ge=1)
+    max_failures: int | None = Field(default=None, ge=1)
+
+
+SERVER_MAXIMA = {
+    "max_calls": 200,
+    "max_seconds": 3600,
+    "max_cost": 100.0,
+    "max_repeats": 3,
+    "max_failures": 10,
+}
+
+
+class RunBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: str | None = Field(default=None, max_length=2000)
+    limits: Limits = Field(default_factory=Limits)
+
+
+class FinishBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: Literal["completed", "needs_clarification", "handed_off", "failed"]
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    tenant: str
+    actor: str
+    task: str | None
+    status: str
+    recoverable: bool | None
+    reason: str | None
+    limit_name: str | None
+    max_calls: int
+    max_seconds: int
+    max_cost: float
+    max_repeats: int
+    max_failures: int
+    calls: int = 0
+    cost: float = 0.0
+    failures: int = 0
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def limits(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in SERVER_MAXIMA}

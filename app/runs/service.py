@@ -1,0 +1,168 @@
+"""Run budgets: creating runs, admitting each call against them, and ending them.
+
+``admit`` runs inside the caller's transaction, before anything reaches a provider: either
+the call is counted (and its cost charged) or the run ends — ``failed`` with the limit named,
+or ``needs_clarification`` for a repeated failing call — and the caller records the call as
+denied in that same transaction. Denied or pending calls never consume cost: cost is charged
+only when an execution is about to be sent, and refunded if it certainly was not.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from app.auth.principal import Principal
+from app.db import Connection
+from app.errors import InvalidRequest, NotFound, RepeatedCall, RunLimitExceeded, ToolgateError
+from app.ids import new_id
+from app.runs import store
+from app.runs.models import SERVER_MAXIMA, FinishBody, RunBody, RunRow
+from app.state import AppState
+
+
+async def create(state: AppState, principal: Principal, body: RunBody) -> dict[str, Any]:
+    requested = body.limits.model_dump()
+    limits = {
+        name: min(requested[name], cap) if requested[name] is not None else cap
+        for name, cap in SERVER_MAXIMA.items()
+    }
+    run = RunRow(
+        id=new_id("run"),
+        tenant=principal.tenant,
+        actor=principal.sub,
+        task=body.task,
+        status="active",
+        recoverable=None,
+        reason=None,
+        limit_name=None,
+        max_calls=int(limits["max_calls"]),
+        max_seconds=int(limits["max_seconds"]),
+        max_cost=float(limits["max_cost"]),
+        max_repeats=int(limits["max_repeats"]),
+        max_failures=int(limits["max_failures"]),
+    )
+    async with state.db.transaction() as conn:
+        await store.insert(conn, run)
+    return {"run_id": run.id, "status": "active", "limits": run.limits}
+
+
+async def visible(conn: Connection, principal: Principal, run_id: str) -> RunRow:
+    """The principal's own run; anyone else's is indistinguishable from a missing one."""
+    run = await store.get(conn, run_id)
+    if run is None or (run.tenant, run.actor) != (principal.tenant, principal.sub):
+        raise NotFound("no such run")
+    return run
+
+
+async def admit(
+    conn: Connection,
+    principal: Principal,
+    run_id: str,
+    fingerprint: str | None,
+    *,
+    new_call: bool,
+    cost: float,
+) -> ToolgateError | None:
+    """Count one call against the run in the caller's transaction, or end the run and return
+    the 429 the caller must record as this call's denial and then answer."""
+    run = await visible(conn, principal, run_id)
+    if run.status != "active":
+        return RunLimitExceeded(
+            f"the run has ended ({run.status})",
+            run_id=run.id,
+            run_status=run.status,
+            limit=run.limit_name,
+            recoverable=bool(run.recoverable),
+        )
+    if (
+        fingerprint is not None
+        and await store.repeats(conn, run.id, fingerprint) >= run.max_repeats
+    ):
+        reason = f"the same call failed or came back empty {run.max_repeats} times"
+        await store.finish(conn, run.id, "needs_clarification", reason)
+        return RepeatedCall(reason, run_id=run.id, run_status="needs_clarification")
+    if await store.admit(conn, run.id, 1 if new_call else 0, cost):
+        return None
+    limit = _exceeded(run, 1 if new_call else 0, cost)
+    reason = f"{limit} reached"
+    await store.finish(conn, run.id, "failed", reason, recoverable=True, limit_name=limit)
+    return RunLimitExceeded(
+        f"the run's {limit} is reached",
+        run_id=run.id,
+        run_status="failed",
+        limit=limit,
+        recoverable=True,
+    )
+
+
+def _exceeded(run: RunRow, calls: int, cost: float) -> str:
+    """Which limit refused the call (as seen just before; the UPDATE was the real judge)."""
+    assert run.created_at is not None
+    if datetime.now(UTC) > run.created_at + timedelta(seconds=run.max_seconds):
+        return "max_seconds"
+    if run.failures >= run.max_failures:
+        return "max_failures"
+    if run.calls + calls > run.max_calls:
+        return "max_calls"
+    return "max_cost" if run.cost + cost > run.max_cost else "max_calls"
+
+
+async def refund(conn: Connection, run_id: str, cost: float) -> None:
+    await store.refund(conn, run_id, cost)
+
+
+async def count_denied(conn: Connection, run_id: str) -> None:
+    await store.count_call(conn, run_id)
+
+
+async def record_outcome(
+    conn: Connection, run_id: str, fingerprint: str, status: str, result: Any
+) -> None:
+    """Feed an execution's outcome into the run's failure and repeat counters."""
+    failed = status != "succeeded"
+    await store.record_outcome(
+        conn, run_id, fingerprint, failed, empty=result in (None, {}, [], "")
+    )
+
+
+async def read(state: AppState, principal: Principal, run_id: str) -> dict[str, Any]:
+    async with state.db.connection() as conn:
+        run = await visible(conn, principal, run_id)
+        waiting = await store.awaiting_approval(conn, run.id)
+        calls = await store.calls_of(conn, run.id)
+    status = "awaiting_approval" if run.status == "active" and waiting else run.status
+    body: dict[str, Any] = {
+        "run_id": run.id,
+        "task": run.task,
+        "status": status,
+        "limits": run.limits,
+        "counters": {
+            "calls": run.calls,
+            "cost": run.cost,
+            "failures": run.failures,
+            "seconds": _elapsed(run),
+        },
+        "calls": calls,
+        "created_at": run.created_at.isoformat() if run.created_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+    }
+    if run.status != "active":
+        body.update(reason=run.reason, recoverable=run.recoverable, limit=run.limit_name)
+    return body
+
+
+def _elapsed(run: RunRow) -> float:
+    assert run.created_at is not None
+    end = run.finished_at or datetime.now(UTC)
+    return round((end - run.created_at).total_seconds(), 3)
+
+
+async def finish(
+    state: AppState, principal: Principal, run_id: str, body: FinishBody
+) -> dict[str, Any]:
+    async with state.db.transaction() as conn:
+        run = await visible(conn, principal, run_id)
+        if not await store.finish(conn, run.id, body.status, body.reason):
+            raise InvalidRequest(f"the run has already ended ({run.status})", run_id=run.id)
+    return await read(state, principal, run_id)

@@ -1,0 +1,128 @@
+"""SQL for runs. Admission is one conditional UPDATE: a limit can never be overspent by
+parallel calls."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from app.db import Connection
+from app.runs.models import RunRow
+
+_WRITTEN = [
+    f.name
+    for f in fields(RunRow)
+    if f.name not in ("calls", "cost", "failures", "created_at", "updated_at", "finished_at")
+]
+_INSERT = (
+    f"INSERT INTO runs ({', '.join(_WRITTEN)}) "
+    f"VALUES ({', '.join(f'${i}' for i in range(1, len(_WRITTEN) + 1))})"
+)
+
+
+async def insert(conn: Connection, run: RunRow) -> None:
+    await conn.execute(_INSERT, *(getattr(run, name) for name in _WRITTEN))
+
+
+async def get(conn: Connection, run_id: str) -> RunRow | None:
+    row = await conn.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
+    return RunRow(**dict(row)) if row else None
+
+
+async def admit(conn: Connection, run_id: str, calls: int, cost: float) -> bool:
+    """Count ``calls`` more calls and ``cost`` more units if every limit still holds."""
+    status = await conn.execute(
+        """
+        UPDATE runs SET calls = calls + $2, cost = cost + $3, updated_at = now()
+        WHERE id = $1 AND status = 'active'
+          AND calls + $2 <= max_calls AND cost + $3 <= max_cost AND failures < max_failures
+          AND now() <= created_at + make_interval(secs => max_seconds)
+        """,
+        run_id,
+        calls,
+        cost,
+    )
+    return bool(status.endswith(" 1"))
+
+
+async def refund(conn: Connection, run_id: str, cost: float) -> None:
+    """Give back the cost of an execution that certainly never ran."""
+    await conn.execute("UPDATE runs SET cost = greatest(cost - $2, 0) WHERE id = $1", run_id, cost)
+
+
+async def count_call(conn: Connection, run_id: str) -> None:
+    """A denied call still counts as a call of the loop, whatever the limits say."""
+    await conn.execute(
+        "UPDATE runs SET calls = calls + 1, updated_at = now() WHERE id = $1", run_id
+    )
+
+
+async def repeats(conn: Connection, run_id: str, fingerprint: str) -> int:
+    count = await conn.fetchval(
+        "SELECT count FROM run_repeats WHERE run_id = $1 AND fingerprint = $2",
+        run_id,
+        fingerprint,
+    )
+    return int(count or 0)
+
+
+async def record_outcome(
+    conn: Connection, run_id: str, fingerprint: str, failed: bool, empty: bool
+) -> None:
+    if failed:
+        await conn.execute(
+            "UPDATE runs SET failures = failures + 1, updated_at = now() WHERE id = $1", run_id
+        )
+    if failed or empty:
+        await conn.execute(
+            """
+            INSERT INTO run_repeats (run_id, fingerprint, count) VALUES ($1, $2, 1)
+            ON CONFLICT (run_id, fingerprint) DO UPDATE SET count = run_repeats.count + 1
+            """,
+            run_id,
+            fingerprint,
+        )
+
+
+async def finish(
+    conn: Connection,
+    run_id: str,
+    status: str,
+    reason: str | None,
+    *,
+    recoverable: bool | None = None,
+    limit_name: str | None = None,
+) -> bool:
+    """End an active run; ``False`` when it had already ended."""
+    result = await conn.execute(
+        """
+        UPDATE runs SET status = $2, reason = $3, recoverable = $4, limit_name = $5,
+                        finished_at = now(), updated_at = now()
+        WHERE id = $1 AND status = 'active'
+        """,
+        run_id,
+        status,
+        reason,
+        recoverable,
+        limit_name,
+    )
+    return bool(result.endswith(" 1"))
+
+
+async def awaiting_approval(conn: Connection, run_id: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM calls WHERE run_id = $1 AND state = 'awaiting_approval')",
+            run_id,
+        )
+    )
+
+
+async def calls_of(conn: Connection, run_id: str) -> list[dict[str, object]]:
+    rows = await conn.fetch(
+        """
+        SELECT id AS call_id, tool, decision, code, state, impact, created_at FROM calls
+        WHERE run_id = $1 ORDER BY created_at, id
+        """,
+        run_id,
+    )
+    return [{**dict(r), "created_at": r["created_at"].isoformat()} for r in rows]

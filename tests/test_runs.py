@@ -1,0 +1,187 @@
+"""Runs: budgets that stop agent loops, on real PostgreSQL and providers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.conftest import Providers
+from tests.flows import Auth, Flow, new_key, refund_args
+
+
+@pytest.fixture
+def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
+    return Flow(client, auth)
+
+
+async def start_run(flow: Flow, **limits: float) -> str:
+    response = await flow.post("/runs", {"task": "help a customer", "limits": limits})
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "active"
+    return response.json()["run_id"]  # type: ignore[no-any-return]
+
+
+async def run_state(flow: Flow, run_id: str) -> dict[str, Any]:
+    response = await flow.client.get(f"/runs/{run_id}", headers=flow.auth())
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+async def propose(flow: Flow, run_id: str, order: str = "ord_1") -> httpx.Response:
+    return await flow.post(
+        "/propose", {"tool": "get_order", "arguments": {"order_id": order}, "run_id": run_id}
+    )
+
+
+async def test_requested_limits_are_capped_by_the_server(flow: Flow) -> None:
+    response = await flow.post("/runs", {"limits": {"max_calls": 10**6, "max_cost": 2.5}})
+    limits = response.json()["limits"]
+    assert limits["max_calls"] == 200
+    assert limits["max_cost"] == 2.5
+    unknown = await flow.post("/runs", {"limits": {"max_calls": 5, "max_power": 1}})
+    assert (unknown.status_code, unknown.json()["code"]) == (400, "invalid_request")
+
+
+async def test_a_loop_past_max_calls_is_stopped_and_the_run_fails_recoverably(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    run_id = await start_run(flow, max_calls=3)
+    for _ in range(3):
+        assert (await propose(flow, run_id)).status_code == 200
+    stopped = await propose(flow, run_id)
+    assert (stopped.status_code, stopped.json()["code"]) == (429, "run_limit_exceeded")
+    assert stopped.json()["limit"] == "max_calls"
+    state = await run_state(flow, run_id)
+    assert (state["status"], state["recoverable"], state["limit"]) == ("failed", True, "max_calls")
+    again = await propose(flow, run_id)
+    assert again.json()["code"] == "run_limit_exceeded"
+    denied = await db.fetchval(
+        "SELECT count(*) FROM calls WHERE run_id = $1 AND code = 'run_limit_exceeded'", run_id
+    )
+    assert denied == 2
+
+
+async def test_parallel_calls_never_overspend_max_calls(flow: Flow) -> None:
+    run_id = await start_run(flow, max_calls=5)
+    responses = await asyncio.gather(*(propose(flow, run_id) for _ in range(20)))
+    assert sorted(r.status_code for r in responses) == [200] * 5 + [429] * 15
+
+
+async def test_cost_is_charged_per_execution_never_for_proposals_or_previews(
+    flow: Flow, providers: Providers
+) -> None:
+    run_id = await start_run(flow, max_cost=1.5)
+    args = refund_args(20.0)
+    for _ in range(3):
+        proposal = await flow.post(
+            "/propose", {"tool": "issue_refund", "arguments": args, "run_id": run_id}
+        )
+        await flow.dry_run(proposal.json()["call_id"])
+    assert (await run_state(flow, run_id))["counters"]["cost"] == 0
+    first = await flow.execute("issue_refund", args, new_key(), run_id=run_id)
+    assert first.json()["status"] == "succeeded", first.text
+    assert (await run_state(flow, run_id))["counters"]["cost"] == 1.0
+    second = await flow.execute("issue_refund", args, new_key(), run_id=run_id)
+    assert (second.status_code, second.json()["limit"]) == (429, "max_cost")
+    assert (await providers.stats())["effects_by_path"]["/billing/refunds"] == 1
+
+
+async def test_elapsed_time_is_a_limit(flow: Flow) -> None:
+    run_id = await start_run(flow, max_seconds=1)
+    assert (await propose(flow, run_id)).status_code == 200
+    await asyncio.sleep(1.2)
+    stopped = await propose(flow, run_id)
+    assert (stopped.status_code, stopped.json()["limit"]) == (429, "max_seconds")
+
+
+async def test_too_many_failures_stop_the_loop(flow: Flow, providers: Providers) -> None:
+    run_id = await start_run(flow, max_failures=2)
+    await providers.fault("/support/tickets", "status_500", count=2)
+    for subject in ("one", "two"):
+        failed = await flow.execute(
+            "create_ticket", {"subject": subject, "body": "b"}, new_key(), run_id=run_id
+        )
+        assert failed.status_code == 504
+    stopped = await flow.execute(
+        "create_ticket", {"subject": "three", "body": "b"}, new_key(), run_id=run_id
+    )
+    assert (stopped.status_code, stopped.json()["limit"]) == (429, "max_failures")
+    assert (await providers.stats())["effects"] == 0
+
+
+async def test_a_repeated_failing_call_asks_for_clarification(
+    flow: Flow, providers: Providers
+) -> None:
+    run_id = await start_run(flow, max_repeats=2)
+    too_much = {"order_id": "ord_2", "amount": 50.0, "customer_id": "alice"}
+    proposal = await flow.post(
+        "/propose", {"tool": "issue_refund", "arguments": too_much, "run_id": run_id}
+    )
+    await flow.dry_run(proposal.json()["call_id"])
+    for _ in range(2):
+        refused = await flow.execute("issue_refund", too_much, new_key(), run_id=run_id)
+        assert (refused.json()["status"], refused.json()["provider_status"]) == ("failed", 422)
+    again = await flow.post(
+        "/propose", {"tool": "issue_refund", "arguments": too_much, "run_id": run_id}
+    )
+    assert (again.status_code, again.json()["code"]) == (429, "repeated_call")
+    assert (await run_state(flow, run_id))["status"] == "needs_clarification"
+
+
+async def test_a_run_waiting_for_approval_says_so(flow: Flow) -> None:
+    run_id = await start_run(flow)
+    proposal = await flow.post(
+        "/propose", {"tool": "issue_refund", "arguments": refund_args(), "run_id": run_id}
+    )
+    assert (await run_state(flow, run_id))["status"] == "active"
+    preview = await flow.dry_run(proposal.json()["call_id"])
+    assert (await run_state(flow, run_id))["status"] == "awaiting_approval"
+    approval = await flow.approve(proposal.json()["call_id"], preview["snapshot_hash"])
+    done = await flow.execute(
+        "issue_refund",
+        refund_args(),
+        new_key(),
+        run_id=run_id,
+        approval_id=approval.json()["approval_id"],
+    )
+    assert done.json()["status"] == "succeeded"
+    state = await run_state(flow, run_id)
+    assert state["status"] == "active"
+    assert state["counters"] == {
+        "calls": 1,
+        "cost": 1.0,
+        "failures": 0,
+        "seconds": state["counters"]["seconds"],
+    }
+    assert [c["call_id"] for c in state["calls"]] == [proposal.json()["call_id"]]
+
+
+async def test_finishing_a_run(flow: Flow) -> None:
+    run_id = await start_run(flow)
+    other = await flow.post(
+        f"/runs/{run_id}/finish", {"status": "completed"}, {"sub": "bob", "roles": "support"}
+    )
+    assert (other.status_code, other.json()["code"]) == (404, "not_found")
+    done = await flow.post(f"/runs/{run_id}/finish", {"status": "handed_off", "reason": "human"})
+    assert (done.json()["status"], done.json()["reason"]) == ("handed_off", "human")
+    twice = await flow.post(f"/runs/{run_id}/finish", {"status": "completed"})
+    assert twice.status_code == 400
+    after = await propose(flow, run_id)
+    assert after.json()["code"] == "run_limit_exceeded"
+
+
+async def test_another_actors_run_cannot_be_used(flow: Flow, db: asyncpg.Connection) -> None:
+    run_id = await start_run(flow)
+    bob = {"sub": "bob", "roles": "support"}
+    response = await flow.post(
+        "/propose",
+        {"tool": "get_order", "arguments": {"order_id": "ord_1"}, "run_id": run_id},
+        bob,
+    )
+    assert (response.status_code, response.json()["code"]) == (404, "not_found")
+    assert await db.fetchval("SELECT count(*) FROM calls") == 0
+    assert (await flow.client.get(f"/runs/{run_id}", headers=flow.auth("bob"))).status_code == 404
