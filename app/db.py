@@ -18,6 +18,7 @@ import asyncpg
 from app.errors import Unavailable
 
 Connection: TypeAlias = asyncpg.Connection
+Record: TypeAlias = asyncpg.Record
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 _UNAVAILABLE = (

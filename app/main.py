@@ -24,13 +24,13 @@ from app.calls import router as calls
 from app.calls import store as calls_store
 from app.calls.gateway import Gateway
 from app.catalog import router as catalog
-from app.runs import router as runs
 from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
 from app.errors import InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.outbound import Outbound
 from app.responses import JSON, problem
+from app.runs import router as runs
 from app.settings import ConfigError, Settings
 from app.state import AppState
 

@@ -98,3 +98,10 @@ async def inbox(
         limit,
     )
     return [dict(r) for r in rows]
+
+
+async def of_call(conn: Connection, call_id: str) -> list[ApprovalRow]:
+    rows = await conn.fetch(
+        "SELECT * FROM approvals WHERE call_id = $1 ORDER BY created_at, id", call_id
+    )
+    return [ApprovalRow(**dict(r)) for r in rows]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from app.db import Connection
+from app.db import Connection, Record
 
 
 @dataclass(frozen=True)
@@ -42,3 +42,10 @@ _INSERT = (
 
 async def append(conn: Connection, event: AuditEvent) -> None:
     await conn.execute(_INSERT, *(getattr(event, name) for name in _COLUMNS))
+
+
+async def of_call(conn: Connection, call_id: str) -> list[Record]:
+    """One call's audit rows, oldest first (GET /calls/{id})."""
+    return list(
+        await conn.fetch("SELECT * FROM audit_events WHERE call_id = $1 ORDER BY seq", call_id)
+    )

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header
 
-from app.calls import service
+from app.calls import history, service
 from app.calls.models import DryRunBody, ExecuteBody, ProposeBody
 from app.deps import CurrentPrincipal, State
 from app.responses import JSON
@@ -33,3 +33,8 @@ async def execute(
 ) -> JSON:
     outcome = await service.execute(state, principal, body, idempotency_key)
     return JSON(outcome.body, headers=outcome.headers)
+
+
+@router.get("/calls/{call_id}")
+async def call_history(call_id: str, principal: CurrentPrincipal, state: State) -> JSON:
+    return JSON(await history.history(state, principal, call_id))

@@ -139,3 +139,17 @@ async def purge_expired(conn: Connection) -> int:
         "DELETE FROM executions WHERE state IN ('succeeded', 'failed') AND expires_at <= now()"
     )
     return int(status.split()[-1])
+
+
+async def dry_runs_of(conn: Connection, call_id: str) -> list[DryRunRow]:
+    rows = await conn.fetch(
+        "SELECT * FROM dry_runs WHERE call_id = $1 ORDER BY created_at, id", call_id
+    )
+    return [DryRunRow(**dict(r)) for r in rows]
+
+
+async def executions_of(conn: Connection, call_id: str) -> list[ExecutionRow]:
+    rows = await conn.fetch(
+        "SELECT * FROM executions WHERE call_id = $1 ORDER BY created_at, operation_id", call_id
+    )
+    return [ExecutionRow(**dict(r)) for r in rows]

@@ -1,0 +1,135 @@
+"""GET /calls/{id}: a call's whole life, for those entitled to see it.
+
+Visible to its actor, to approvers of its tenant who may decide it, and to auditors of its
+tenant (admins: any tenant); to anyone else it does not exist. Sensitive arguments are masked
+for everyone: the history is a listing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.approvals import store as approvals
+from app.audit import store as audit
+from app.auth.principal import Principal
+from app.calls import policy, store
+from app.calls.models import CallRow
+from app.calls.results import mask_arguments
+from app.errors import NotFound
+from app.state import AppState
+
+
+def may_see(state: AppState, principal: Principal, call: CallRow) -> bool:
+    settings = state.settings
+    if settings.admin_role in principal.roles:
+        return True
+    if principal.tenant != call.tenant:
+        return False
+    if principal.sub == call.actor or settings.auditor_role in principal.roles:
+        return True
+    tool = state.catalog.tools.get(call.tool)
+    return bool(
+        tool is not None
+        and tool.approval is not None
+        and policy.may_approve(principal, call.actor, call.tenant, tool.approval.approvers)
+    )
+
+
+async def history(state: AppState, principal: Principal, call_id: str) -> dict[str, Any]:
+    async with state.db.connection() as conn:
+        call = await store.get(conn, call_id)
+        if call is None or not may_see(state, principal, call):
+            raise NotFound("no such call")
+        dry_runs = await store.dry_runs_of(conn, call.id)
+        decided = await approvals.of_call(conn, call.id)
+        executions = await store.executions_of(conn, call.id)
+        events = await audit.of_call(conn, call.id)
+    tool = state.catalog.tools.get(call.tool)
+    sensitive = tool.sensitive_args if tool else frozenset()
+    latest = decided[-1] if decided else None
+    return {
+        "call_id": call.id,
+        "tool": call.tool,
+        "actor": call.actor,
+        "tenant": call.tenant,
+        "run_id": call.run_id,
+        "tool_call_id": call.tool_call_id,
+        "state": call.state,
+        "proposal": {
+            "arguments": mask_arguments(call.arguments, sensitive),
+            "fingerprint": call.fingerprint,
+            "target": call.target,
+            "mutation": call.mutation,
+            "impact": call.impact,
+            "next": call.next,
+            "decision": call.decision,
+            "code": call.code,
+            "reason": call.reason,
+            "policy_version": call.policy_version,
+            "proposed_by": call.proposed_by,
+            "authorized_by": call.authorized_by,
+        },
+        "decisions": [
+            {
+                "seq": e["seq"],
+                "at": e["at"].isoformat(),
+                "event": e["event"],
+                "decision": e["decision"],
+                "code": e["code"],
+                "reason": e["reason"],
+                "policy_version": e["policy_version"],
+                "approval_id": e["approval_id"],
+                "authorized_by": e["authorized_by"],
+                "outcome": e["outcome"],
+                "total_ms": e["total_ms"],
+                "provider_ms": e["provider_ms"],
+            }
+            for e in events
+        ],
+        "dry_runs": [
+            {
+                "dry_run_id": d.id,
+                "fingerprint": d.fingerprint,
+                "snapshot": d.snapshot,
+                "snapshot_hash": d.snapshot_hash,
+                "policy_version": d.policy_version,
+                "created_at": _time(d.created_at),
+                "expires_at": _time(d.expires_at),
+            }
+            for d in dry_runs
+        ],
+        "approval": None
+        if latest is None
+        else {
+            "approval_id": latest.id,
+            "decision": latest.decision,
+            "approver": latest.approver,
+            "comment": latest.comment,
+            "binding": latest.binding.as_dict(),
+            "created_at": _time(latest.created_at),
+            "expires_at": _time(latest.expires_at),
+            "consumed_by": latest.consumed_by,
+            "consumed_at": _time(latest.consumed_at),
+        },
+        "executions": [
+            {
+                "operation_id": x.operation_id,
+                "state": x.state,
+                "provider_status": x.provider_status,
+                "approval_id": x.approval_id,
+                "created_at": _time(x.created_at),
+                "updated_at": _time(x.updated_at),
+            }
+            for x in executions
+        ],
+        "timings": {
+            "created_at": _time(call.created_at),
+            "updated_at": _time(call.updated_at),
+            "decision_ms": next((e["total_ms"] for e in events), None),
+            "provider_ms": sum(e["provider_ms"] or 0.0 for e in events),
+        },
+    }
+
+
+def _time(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None

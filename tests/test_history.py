@@ -1,0 +1,61 @@
+"""GET /calls/{id}: the whole life of a call, for its actor, approvers and auditors only."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.flows import Auth, Flow, new_key, refund_args
+
+
+@pytest.fixture
+def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
+    return Flow(client, auth)
+
+
+async def test_a_calls_history_tells_its_whole_life(flow: Flow) -> None:
+    args = refund_args(note="customer is upset")
+    proposal = await flow.propose("issue_refund", args)
+    preview = await flow.dry_run(proposal["call_id"])
+    approval = await flow.approve(proposal["call_id"], preview["snapshot_hash"])
+    executed = await flow.execute(
+        "issue_refund", args, new_key(), approval_id=approval.json()["approval_id"]
+    )
+    response = await flow.client.get(f"/calls/{proposal['call_id']}", headers=flow.auth())
+    assert response.status_code == 200, response.text
+    life = response.json()
+    assert life["state"] == "succeeded"
+    assert life["proposal"]["arguments"]["note"] == "[redacted]"
+    assert [d["event"] for d in life["decisions"]] == [
+        "proposed",
+        "dry_run",
+        "approved",
+        "executed",
+    ]
+    assert life["dry_runs"][0]["snapshot_hash"] == preview["snapshot_hash"]
+    assert life["approval"]["approver"] == "bob"
+    assert life["approval"]["consumed_by"] == executed.json()["operation_id"]
+    assert life["executions"][0]["state"] == "succeeded"
+    assert life["timings"]["provider_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    ("who", "visible"),
+    [
+        ({"sub": "alice", "roles": "support"}, True),
+        ({"sub": "bob", "roles": "finance_approver"}, True),
+        ({"sub": "audrey", "roles": "auditor"}, True),
+        ({"sub": "root", "tenant": "globex", "roles": "admin"}, True),
+        ({"sub": "sam", "roles": "support"}, False),
+        ({"sub": "carol", "tenant": "globex", "roles": "auditor"}, False),
+    ],
+)
+async def test_only_the_actor_approvers_and_auditors_see_a_call(
+    flow: Flow, who: dict[str, str], visible: bool
+) -> None:
+    proposal = await flow.propose("issue_refund", refund_args())
+    response = await flow.client.get(f"/calls/{proposal['call_id']}", headers=flow.auth(**who))
+    if visible:
+        assert response.status_code == 200
+    else:
+        assert (response.status_code, response.json()["code"]) == (404, "not_found")
