@@ -1,4 +1,4 @@
-"""The ``toolgate`` command: serve, migrate, check, token (SPEC §2)."""
+"""The ``toolgate`` command: serve, migrate, check, token (SPEC §2), audit verify."""
 
 from __future__ import annotations
 
@@ -36,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--tenant", required=True)
     token.add_argument("--roles", default="")
     token.add_argument("--ttl", type=int, default=3600)
+    audit = commands.add_parser("audit", help="the audit trail")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    audit_commands.add_parser(
+        "verify", help="seal pending rows, recompute the hash chain, name the first broken row"
+    )
     return parser
 
 
@@ -54,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "check":
             return _check(settings, Path(args.path) if args.path else settings.catalog_path)
+        if args.command == "audit":
+            return asyncio.run(_audit_verify(settings))
         roles = [r for r in args.roles.split(",") if r]
         from app.auth.tokens import mint
 
@@ -72,6 +79,23 @@ async def _migrate(settings: Settings) -> list[str]:
         return await migrate(settings.check_database())
     except Unavailable as exc:
         raise ConfigError(exc.detail) from None
+
+
+async def _audit_verify(settings: Settings) -> int:
+    """Exit 0 when the chain is intact, 1 when it is broken (the report names the row)."""
+    from app.audit.service import seal_and_verify
+    from app.db import pending_migrations
+    from app.errors import Unavailable
+
+    url = settings.check_database()
+    try:
+        if await pending_migrations(url):
+            raise ConfigError("the database schema is not migrated; run `toolgate migrate`")
+        report = await seal_and_verify(url)
+    except Unavailable as exc:
+        raise ConfigError(exc.detail) from None
+    print(report.summary())
+    return 0 if report.ok else 1
 
 
 def _check(settings: Settings, path: Path) -> int:
@@ -94,6 +118,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
 
     from app.catalog.loader import CatalogError
     from app.errors import Unavailable
+    from app.logs import log_config
     from app.main import close_state, open_state
 
     async def preflight() -> None:
@@ -114,6 +139,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         loop="uvloop",
         http="httptools",
         log_level="info",
+        log_config=log_config(),
     )
     return 0
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 import asyncpg
+import orjson
 
 from app.errors import Unavailable
 
@@ -32,8 +33,23 @@ _UNAVAILABLE = (
 )
 
 
+def _encode_json(value: object) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # e.g. an integer beyond 64 bits in a denied call's raw arguments
+        return json.dumps(value)
+
+
 async def _init(conn: Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec(
+        "jsonb", encoder=_encode_json, decoder=orjson.loads, schema="pg_catalog"
+    )
+
+
+async def _keep(conn: Connection) -> None:
+    """Pool release without asyncpg's reset queries: toolgate keeps no session state on
+    pooled connections (advisory locks are transaction-scoped), and asyncpg still rolls back
+    a transaction left open."""
 
 
 class Database:
@@ -44,7 +60,12 @@ class Database:
     async def open(self, min_size: int = 2, max_size: int = 20) -> None:
         try:
             self._pool = await asyncpg.create_pool(
-                self._url, min_size=min_size, max_size=max_size, init=_init, command_timeout=10
+                self._url,
+                min_size=min_size,
+                max_size=max_size,
+                init=_init,
+                reset=_keep,
+                command_timeout=10,
             )
         except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise Unavailable(f"database unreachable: {exc}") from exc

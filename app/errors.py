@@ -49,6 +49,8 @@ ApprovalExpired = _error(403, "approval_expired", "Approval expired")
 ApprovalRejected = _error(403, "approval_rejected", "Approval rejected")
 ApproverForbidden = _error(403, "approver_forbidden", "Approver forbidden")
 DryRunRequired = _error(403, "dry_run_required", "Dry-run required")
+# Not in SPEC §5: a role-gated read (the audit trail) the caller's roles do not allow.
+Forbidden = _error(403, "forbidden", "Forbidden")
 UnknownTool = _error(404, "unknown_tool", "Unknown tool")
 NotFound = _error(404, "not_found", "Not found")
 ApprovalMismatch = _error(409, "approval_mismatch", "Approval does not match")

@@ -17,8 +17,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from app import health, telemetry
+from app import health, metrics, telemetry
 from app.approvals import router as approvals
+from app.audit import router as audit
+from app.audit import sealer as audit_sealer
 from app.auth.tokens import TokenVerifier
 from app.calls import router as calls
 from app.calls import store as calls_store
@@ -100,6 +102,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.toolgate = state
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = {asyncio.create_task(purge_expired_records(state))}
+    tasks.add(audit_sealer.start(app, state.db))
 
     def on_sighup() -> None:
         task = asyncio.create_task(reload_catalog(state))
@@ -114,16 +117,22 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for task in tasks:
             task.cancel()
         await close_state(state)
+        await telemetry.flush()
 
 
 def create_app(settings: Settings) -> FastAPI:
-    telemetry.setup()
-    app = FastAPI(title="toolgate", lifespan=lifespan, openapi_url=None)
+    telemetry.setup(settings.env)
+    app = FastAPI(
+        title="toolgate", lifespan=lifespan, openapi_url=None, telemetry=telemetry.FASTAPI_OFF
+    )
     app.state.settings = settings
     app.include_router(health.router)
+    app.include_router(metrics.router)
     app.include_router(calls.router)
     app.include_router(approvals.router)
     app.include_router(catalog.router)
+    app.include_router(audit.router)
+    app.add_middleware(audit_sealer.WakeSealer)
     app.include_router(runs.router)
 
     @app.exception_handler(ToolgateError)
@@ -145,6 +154,7 @@ def create_app(settings: Settings) -> FastAPI:
         body = {**InvalidRequest(str(error.detail)).problem(), "status": error.status_code}
         return JSON(body, status_code=error.status_code, media_type="application/problem+json")
 
+    app.add_middleware(telemetry.TelemetryMiddleware)  # outermost: times everything
     return app
 
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from app import telemetry
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import egress, policy, store
@@ -123,6 +124,7 @@ async def decide_or_record_denial(
     state: AppState, attempt: Attempt, call_id: str, existing: CallRow | None
 ) -> Decision:
     """``authorize``, storing any policy denial (call + audit row) before re-raising it."""
+    telemetry.bind_call(attempt, call_id)
     try:
         return await authorize(state, attempt)
     except ToolgateError as error:
@@ -171,6 +173,7 @@ async def write_denial(
         conn,
         attempt.event(event, call_id, decision="deny", code=error.code, reason=error.detail),
     )
+    telemetry.decided(attempt, call_id, error.code)
 
 
 async def admit_to_run(

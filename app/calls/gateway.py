@@ -20,7 +20,7 @@ from app.calls.policy import Owner
 from app.catalog.models import Endpoint, Provider, Resource
 from app.errors import ProviderUnavailable
 from app.outbound import NotSent, Outbound, Response, Uncertain
-from app.telemetry import inject_trace
+from app.telemetry import ProviderCall, owner_lookup, tool_call
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,8 @@ class Gateway:
         """
         request = build_request(resource.provider, resource.owner, {"id": resource_id})
         try:
-            response = await self._send(resource.provider, request, {})
+            span = owner_lookup(resource.provider, resource.owner, resource.type)
+            response = await self._send(resource.provider, request, {}, span)
         except (NotSent, Uncertain) as exc:
             raise ProviderUnavailable("the resource owner could not be looked up") from exc
         body = response.body
@@ -93,18 +94,28 @@ class Gateway:
         }
         if operation_id is not None:
             headers["Idempotency-Key"] = operation_id
-        return await self._send(provider, build_request(provider, endpoint, arguments), headers)
+        request = build_request(provider, endpoint, arguments)
+        span = tool_call(provider, endpoint, call_id, operation_id)
+        return await self._send(provider, request, headers, span)
 
     async def _send(
-        self, provider: Provider, request: ProviderRequest, headers: dict[str, str]
+        self,
+        provider: Provider,
+        request: ProviderRequest,
+        headers: dict[str, str],
+        span: ProviderCall,
     ) -> Response:
+        """Send inside the provider span, whose context is the ``traceparent`` sent."""
         all_headers = {**provider.headers, **headers}
-        inject_trace(all_headers)
-        return await self._outbound.request(
-            request.method,
-            request.url,
-            timeout_s=provider.timeout_s,
-            headers=all_headers,
-            json=request.json,
-            params=request.params,
-        )
+        with span:
+            span.inject(all_headers)
+            response = await self._outbound.request(
+                request.method,
+                request.url,
+                timeout_s=provider.timeout_s,
+                headers=all_headers,
+                json=request.json,
+                params=request.params,
+            )
+            span.answered(response.status)
+        return response

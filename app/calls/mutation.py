@@ -15,6 +15,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from app import telemetry
 from app.approvals import store as approvals
 from app.approvals.models import ApprovalRow, Binding
 from app.audit.store import append
@@ -124,6 +125,8 @@ async def _replay(state: AppState, attempt: Attempt, record: ExecutionRow) -> An
                 outcome={"status": record.state, "operation_id": record.operation_id},
             ),
         )
+    telemetry.decided(attempt, record.call_id)
+    telemetry.executed(record.tool, record.call_id, "replayed")
     return {**record.response, "replayed": True}, {"Idempotent-Replayed": "true"}
 
 
@@ -198,6 +201,7 @@ async def _first_call(
                 raise ApprovalConsumed("the approval was used by another execution")
     if refusal is not None:
         raise refusal
+    telemetry.decided(attempt, call_id)
     return await _send(state, attempt, execution, resumed=False)
 
 
@@ -258,6 +262,7 @@ async def _resume(state: AppState, attempt: Attempt, record: ExecutionRow) -> An
     """An open record whose worker is gone: ask the provider what happened before acting."""
     tool = attempt.tool
     assert tool is not None
+    telemetry.decided(attempt, record.call_id)
     if tool.reconcile is None:
         return await _send(state, attempt, record, resumed=True)
     try:
@@ -364,6 +369,7 @@ async def _store_outcome(
                 provider_ms=response.elapsed_ms,
             ),
         )
+    telemetry.executed(record.tool, record.call_id, status)
     return answer, {}
 
 
@@ -387,6 +393,7 @@ async def _release(state: AppState, attempt: Attempt, record: ExecutionRow) -> N
                 approval_id=record.approval_id,
             ),
         )
+    telemetry.executed(record.tool, record.call_id, "failed")
 
 
 async def _mark_unknown(
@@ -399,6 +406,7 @@ async def _mark_unknown(
         changed = await store.finish(conn, record.operation_id, "unknown", provider_status, None)
         if changed:
             await store.set_state(conn, record.call_id, "unknown")
+            telemetry.executed(record.tool, record.call_id, "unknown")
         if changed and attempt is not None:
             await record_run_outcome(conn, attempt, "unknown", None)
             await append(

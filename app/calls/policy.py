@@ -92,22 +92,22 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
     ]
     if errors:
         raise InvalidArguments("arguments do not match the tool's schema", errors=errors)
-    try:
-        rfc8785.dumps(arguments)
-    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
-        raise InvalidArguments(
-            "arguments cannot be canonicalized", errors=[{"path": "", "message": str(exc)}]
-        ) from None
     resources = tuple(
         (arg, resource, arguments[arg])
         for arg, resource in tool.resource_args
         if isinstance(arguments.get(arg), str)
     )
     target = Target(resources[0][1].type, resources[0][2]) if resources else None
+    try:
+        digest = fingerprint(tool.name, target, arguments)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+        raise InvalidArguments(
+            "arguments cannot be canonicalized", errors=[{"path": "", "message": str(exc)}]
+        ) from None
     return PreparedCall(
         tool=tool,
         arguments=arguments,
-        fingerprint=fingerprint(tool.name, target, arguments),
+        fingerprint=digest,
         target=target,
         resources=resources,
         egress=tuple(

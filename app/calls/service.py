@@ -11,6 +11,7 @@ from typing import Any
 
 import rfc8785
 
+from app import telemetry
 from app.audit.store import append
 from app.auth.principal import Principal
 from app.calls import mutation, store
@@ -71,6 +72,7 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
             )
     if raise_after is not None:
         raise raise_after
+    telemetry.decided(attempt, call_id)
     return {
         "call_id": call_id,
         "tool": row.tool,
@@ -195,6 +197,8 @@ async def _record_read(
                 provider_ms=provider_ms,
             ),
         )
+    telemetry.decided(attempt, call_id)
+    telemetry.executed(attempt.tool_name, call_id, status)
 
 
 async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> dict[str, Any]:
@@ -261,6 +265,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
                 provider_ms=response.elapsed_ms,
             ),
         )
+    telemetry.decided(attempt, existing.id)
     return {
         "dry_run_id": row.id,
         "call_id": existing.id,

@@ -1,0 +1,178 @@
+"""The hash chain, as pure functions: a row's published shape, its hash, the sealing plan
+and the verification walk. No I/O here.
+
+A row's hash is ``"sha256:" + hex(sha256(JCS(document)))`` where the document is the row as
+``GET /audit`` publishes it (every SPEC §7 field, ``time`` in RFC 3339 UTC) without ``hash``
+and with ``prev_hash``: the hash of the row sealed just before it (``GENESIS`` for the
+first). Anyone holding an export can recompute it: drop ``hash`` from an item, canonicalize,
+hash. Editing any field, or the link, changes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import rfc8785
+
+from app.audit.models import AuditRow, Broken, ChainHead, Gap, Seal
+
+GENESIS = "sha256:" + "0" * 64
+_SAFE_INT = 2**53 - 1
+
+
+def rfc3339(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def item(row: AuditRow) -> dict[str, Any]:
+    """The row as ``GET /audit`` and the export publish it, and as it is hashed."""
+    document = {
+        "seq": row.seq,
+        "time": rfc3339(row.at),
+        "event": row.event,
+        "call_id": row.call_id,
+        "run_id": row.run_id,
+        "tenant": row.tenant,
+        "actor": row.actor,
+        "tool": row.tool,
+        "target": row.target,
+        "fingerprint": row.fingerprint,
+        "arguments": row.arguments,
+        "decision": row.decision,
+        "code": row.code,
+        "reason": row.reason,
+        "policy_version": row.policy_version,
+        "approval_id": row.approval_id,
+        "proposed_by": row.proposed_by,
+        "authorized_by": row.authorized_by,
+        "outcome": row.outcome,
+        "timings": {"total_ms": row.total_ms, "provider_ms": row.provider_ms},
+        "hash": row.hash,
+        "prev_hash": row.prev_hash,
+    }
+    return cast(dict[str, Any], _jcs_domain(document))
+
+
+def _jcs_domain(value: Any) -> Any:
+    """``value`` with numbers JCS cannot express made expressible, deterministically.
+
+    Stored JSON may hold integers beyond 2**53 (a denied call's raw arguments) or numbers that
+    decode to infinity; JCS refuses both and a refused row would stall the chain. Such an
+    integer becomes the double JCS would read it as, and anything still not finite becomes
+    its decimal text. Items are published in this form, so what a reader sees is what was
+    hashed.
+    """
+    if isinstance(value, dict):
+        return {key: _jcs_domain(inner) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [_jcs_domain(inner) for inner in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and abs(value) > _SAFE_INT:
+        as_float = float(value) if value.bit_length() < 1024 else math.inf
+        return as_float if math.isfinite(as_float) else str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def row_hash(row: AuditRow, prev_hash: str) -> str:
+    document = item(row)
+    del document["hash"]
+    document["prev_hash"] = prev_hash
+    return "sha256:" + hashlib.sha256(rfc8785.dumps(document)).hexdigest()
+
+
+@dataclass
+class Plan:
+    """What one sealing pass writes: seals in chain order, gaps to record, the new head."""
+
+    head: ChainHead
+    seals: list[Seal] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    waiting: bool = False
+    """Stopped at a seq that is missing but younger than the grace period."""
+
+
+def plan(head: ChainHead, unsealed: Sequence[AuditRow], now: datetime, grace: timedelta) -> Plan:
+    """Extend the chain with ``unsealed`` (committed, unsealed rows in seq order).
+
+    A row at or below ``head.sealed_through`` is late: its seq was skipped earlier and its
+    transaction committed after all; it joins the chain at the end. Above it, rows are
+    sealed only as a contiguous run of seqs. At a missing seq the plan stops, unless the
+    row after the gap was inserted more than ``grace`` ago: sequence values are handed out
+    in order, so the missing seq's transaction has then been open (or gone) for longer than
+    that, and the gap is recorded and passed over.
+    """
+    result = Plan(head=head)
+    for row in unsealed:
+        head = result.head
+        if row.seq <= head.sealed_through:
+            _append(result, row, head.sealed_through)
+            continue
+        if row.seq > head.sealed_through + 1:
+            if now - row.at < grace:
+                result.waiting = True
+                break
+            result.gaps.append(Gap(head.sealed_through + 1, row.seq - 1, head.chain_pos))
+        _append(result, row, row.seq)
+    return result
+
+
+def _append(result: Plan, row: AuditRow, sealed_through: int) -> None:
+    head = result.head
+    seal = Seal(row.seq, head.chain_pos + 1, head.hash, row_hash(row, head.hash))
+    result.seals.append(seal)
+    result.head = ChainHead(seal.chain_pos, seal.hash, sealed_through)
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Where a verification walk stands: the last intact position and its hash."""
+
+    chain_pos: int = 0
+    hash: str = GENESIS
+    seq: int | None = None
+    checked: int = 0
+    broken: Broken | None = None
+
+
+def check(walk: Walk, rows: Sequence[AuditRow], end: int) -> Walk:
+    """Continue ``walk`` over ``rows`` (sealed rows in chain order) up to the first break;
+    ``end`` is the head's position, past which no row may be sealed."""
+    for row in rows:
+        expected = walk.chain_pos + 1
+        computed = row_hash(row, walk.hash)
+        broken = None
+        if row.chain_pos != expected:
+            broken = f"the sealed row at chain position {expected} is missing"
+        elif expected > end:
+            broken = f"sealed beyond the recorded chain head (position {end})"
+        elif row.prev_hash != walk.hash:
+            broken = "prev_hash does not match the hash of the row sealed before it"
+        elif row.hash != computed:
+            broken = "the row's contents do not match its hash (the row was altered)"
+        if broken is not None:
+            return replace(walk, broken=Broken(row.seq, expected, broken))
+        walk = Walk(expected, computed, row.seq, walk.checked + 1)
+    return walk
+
+
+def check_end(walk: Walk, head: ChainHead | None) -> Broken | None:
+    """After a complete walk: the chain must end where the head says it does."""
+    end = head.chain_pos if head else 0
+    if end > walk.chain_pos:
+        reason = (
+            f"the chain ends at position {walk.chain_pos} but was sealed through position "
+            f"{end}: sealed rows were removed from its end"
+        )
+        return Broken(None, walk.chain_pos + 1, reason)
+    if head is not None and head.hash != walk.hash:
+        reason = "the last sealed row does not match the recorded chain head"
+        return Broken(walk.seq, walk.chain_pos, reason)
+    return None

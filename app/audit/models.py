@@ -1,0 +1,147 @@
+"""Stored audit rows, read filters, the chain head and verification reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+Event = Literal[
+    "proposed",
+    "denied",
+    "dry_run",
+    "approved",
+    "rejected",
+    "executed",
+    "replayed",
+    "failed",
+    "reconciled",
+    "expired",
+]
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One ``audit_events`` row as stored; the chain columns are NULL until it is sealed."""
+
+    seq: int
+    at: datetime
+    event: str
+    tenant: str
+    actor: str
+    call_id: str | None
+    run_id: str | None
+    tool: str | None
+    target: dict[str, str] | None
+    fingerprint: str | None
+    arguments: Any
+    decision: str | None
+    code: str | None
+    reason: str | None
+    policy_version: str | None
+    approval_id: str | None
+    proposed_by: str | None
+    authorized_by: dict[str, Any] | None
+    outcome: dict[str, Any] | None
+    total_ms: float | None
+    provider_ms: float | None
+    chain_pos: int | None = None
+    prev_hash: str | None = None
+    hash: str | None = None
+    sealed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    """What a read asks for; ``tenant`` is already confined to what the caller may see."""
+
+    tenant: str | None = None
+    actor: str | None = None
+    tool: str | None = None
+    call_id: str | None = None
+    run_id: str | None = None
+    event: str | None = None
+    since: datetime | None = None
+    """Inclusive."""
+    until: datetime | None = None
+    """Exclusive."""
+
+
+@dataclass(frozen=True)
+class ChainHead:
+    """The last sealed position and its hash, and the seq up to which nothing is pending."""
+
+    chain_pos: int
+    hash: str
+    sealed_through: int
+
+
+@dataclass(frozen=True)
+class Seal:
+    """The chain columns the sealer writes onto one row."""
+
+    seq: int
+    chain_pos: int
+    prev_hash: str
+    hash: str
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Seqs ``first_seq..last_seq`` passed over after chain position ``after_pos``."""
+
+    first_seq: int
+    last_seq: int
+    after_pos: int
+
+
+@dataclass(frozen=True)
+class Broken:
+    """The first row where the chain does not hold; ``seq`` is None when rows are missing
+    from the end of the chain."""
+
+    seq: int | None
+    chain_pos: int
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "chain_pos": self.chain_pos, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    ok: bool
+    checked: int
+    """Sealed rows recomputed and found intact (up to the first broken one)."""
+    sealed_through: int
+    """Every seq up to here is sealed or was skipped (rolled back)."""
+    unsealed: int
+    """Rows committed but not sealed yet."""
+    skipped: int
+    """Seqs the sealer passed over (rolled-back transactions)."""
+    first_broken: Broken | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "sealed_through": self.sealed_through,
+            "unsealed": self.unsealed,
+            "skipped": self.skipped,
+            "first_broken": self.first_broken.as_dict() if self.first_broken else None,
+        }
+
+    def summary(self) -> str:
+        """The report for an operator's terminal."""
+        lines = [
+            f"audit chain: {'intact' if self.ok else 'BROKEN'}",
+            f"checked {self.checked} sealed rows; sealed through seq {self.sealed_through}; "
+            f"{self.unsealed} unsealed; {self.skipped} skipped seqs",
+        ]
+        if self.first_broken is not None:
+            broken = self.first_broken
+            where = f"seq {broken.seq}" if broken.seq is not None else "end of chain"
+            lines.append(
+                f"first broken row: {where} (chain position {broken.chain_pos}): {broken.reason}"
+            )
+        return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""HTTP for the audit trail: GET /audit, /audit/export (NDJSON) and /audit/verify."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
+
+from app.audit import service
+from app.audit.models import AuditFilter, Event
+from app.deps import CurrentPrincipal, State
+from app.errors import InvalidRequest
+from app.responses import JSON
+
+router = APIRouter()
+
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def _instant(name: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    if not _RFC3339.fullmatch(value):
+        raise InvalidRequest(f"{name} must be an RFC 3339 date-time with an offset")
+    try:
+        return datetime.fromisoformat(value.upper())
+    except ValueError:
+        raise InvalidRequest(f"{name} is not a valid date-time") from None
+
+
+async def audit_filter(
+    tenant: str | None = None,
+    actor: str | None = None,
+    tool: str | None = None,
+    call_id: str | None = None,
+    run_id: str | None = None,
+    event: Event | None = None,
+    since: str | None = None,
+    until: str | None = None,
+) -> AuditFilter:
+    """The filters of SPEC §4 from the query; ``since`` inclusive, ``until`` exclusive."""
+    return AuditFilter(
+        tenant=tenant,
+        actor=actor,
+        tool=tool,
+        call_id=call_id,
+        run_id=run_id,
+        event=event,
+        since=_instant("since", since),
+        until=_instant("until", until),
+    )
+
+
+Filter = Annotated[AuditFilter, Depends(audit_filter)]
+
+
+@router.get("/audit")
+async def audit(
+    principal: CurrentPrincipal,
+    state: State,
+    where: Filter,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: str | None = None,
+) -> JSON:
+    return JSON(await service.page(state, principal, where, limit, cursor))
+
+
+@router.get("/audit/export")
+async def export(
+    principal: CurrentPrincipal, state: State, where: Filter, cursor: str | None = None
+) -> StreamingResponse:
+    lines = await service.export(state, principal, where, cursor)
+    return StreamingResponse(lines, media_type="application/x-ndjson")
+
+
+@router.get("/audit/verify")
+async def verify(principal: CurrentPrincipal, state: State) -> JSON:
+    return JSON((await service.verify_for(state, principal)).as_dict())

@@ -1,0 +1,127 @@
+"""Reading the audit trail: who may read what, pages, the NDJSON export, verification.
+
+Auditors read their own tenant's rows; admins read every tenant's; anyone else is refused.
+Verification recomputes the one chain all tenants share, so it is the same report for both:
+it names a broken row by seq and reason only, never by its contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from app import cursors
+from app.audit import chain, sealer, store
+from app.audit.models import AuditFilter, AuditRow, VerifyReport
+from app.auth.principal import Principal
+from app.db import Database
+from app.errors import Forbidden, InvalidRequest
+from app.settings import Settings
+from app.state import AppState
+
+EXPORT_PAGE = 500
+VERIFY_PAGE = 1000
+
+
+def readable(settings: Settings, principal: Principal, where: AuditFilter) -> AuditFilter:
+    """``where`` confined to the tenants this principal may read, or ``Forbidden``."""
+    if settings.admin_role in principal.roles:
+        return where
+    if settings.auditor_role not in principal.roles:
+        raise Forbidden("reading the audit trail needs the auditor or admin role")
+    if where.tenant is not None and where.tenant != principal.tenant:
+        raise Forbidden("auditors read their own tenant's audit trail only")
+    return replace(where, tenant=principal.tenant)
+
+
+def _after(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    [seq] = cursors.decode(cursor, 1)
+    if not seq.isdigit():
+        raise InvalidRequest("malformed cursor")
+    return int(seq)
+
+
+async def page(
+    state: AppState, principal: Principal, where: AuditFilter, limit: int, cursor: str | None
+) -> dict[str, Any]:
+    """One page, oldest first; ``next_cursor`` is null on the last page."""
+    where = readable(state.settings, principal, where)
+    async with state.db.connection() as conn:
+        rows = await store.page(conn, where, _after(cursor), limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "items": [chain.item(row) for row in rows],
+        "next_cursor": cursors.encode(rows[-1].seq) if more else None,
+    }
+
+
+async def export(
+    state: AppState, principal: Principal, where: AuditFilter, cursor: str | None
+) -> AsyncIterator[bytes]:
+    """Every matching row as NDJSON, fetched in keyset pages while the client reads.
+
+    Access, the cursor and the first page are settled before the response starts, so a
+    refusal or an unreachable database is still a problem response. No connection is held
+    between pages, so a slow reader costs none.
+    """
+    where = readable(state.settings, principal, where)
+    async with state.db.connection() as conn:
+        first = await store.page(conn, where, _after(cursor), EXPORT_PAGE)
+    return _lines(state.db, where, first)
+
+
+async def _lines(db: Database, where: AuditFilter, rows: list[AuditRow]) -> AsyncIterator[bytes]:
+    while True:
+        for row in rows:
+            yield orjson.dumps(chain.item(row)) + b"\n"
+        if len(rows) < EXPORT_PAGE:
+            return
+        async with db.connection() as conn:
+            rows = await store.page(conn, where, rows[-1].seq, EXPORT_PAGE)
+
+
+async def verify_for(state: AppState, principal: Principal) -> VerifyReport:
+    readable(state.settings, principal, AuditFilter())
+    return await verify(state.db)
+
+
+async def verify(db: Database) -> VerifyReport:
+    """Recompute the chain in sealing order from one snapshot; name the first broken row."""
+    async with db.connection() as conn, store.snapshot(conn):
+        unsealed = await store.unsealed_count(conn)
+        head = await store.head(conn)
+        skipped = await store.skipped_count(conn)
+        end = head.chain_pos if head else 0
+        walk = chain.Walk()
+        while walk.broken is None:
+            rows = await store.chain_page(conn, walk.chain_pos, VERIFY_PAGE)
+            if not rows:
+                break
+            walk = await asyncio.to_thread(chain.check, walk, rows, end)
+    broken = walk.broken or chain.check_end(walk, head)
+    return VerifyReport(
+        ok=broken is None,
+        checked=walk.checked,
+        sealed_through=head.sealed_through if head else 0,
+        unsealed=unsealed,
+        skipped=skipped,
+        first_broken=broken,
+    )
+
+
+async def seal_and_verify(url: str) -> VerifyReport:
+    """For ``toolgate audit verify``: seal what can be sealed now, then verify."""
+    db = Database(url)
+    await db.open(min_size=1, max_size=2)
+    try:
+        await sealer.seal_all(db)
+        return await verify(db)
+    finally:
+        await db.close()

@@ -1,0 +1,132 @@
+"""Structured logs: one JSON object per line, carrying the request's correlation ids.
+
+Each line has ``time``, ``level``, ``logger`` and ``message``, plus ``call_id``, ``run_id``,
+``trace_id`` and ``span_id`` when the request knows them, and the ``fields`` a caller passed
+as ``extra={"fields": {...}}``. Lines are formatted where they are logged (so the request's
+context is at hand) and written by a background thread: the event loop never blocks on
+stderr. ``toolgate serve`` installs this through uvicorn's ``log_config``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import sys
+import threading
+from datetime import UTC, datetime
+from typing import IO, Any
+
+import orjson
+from opentelemetry import trace
+
+from app.telemetry import current_fields
+
+QUEUE_SIZE = 10_000
+WRITE_EVERY_S = 0.05
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = current_fields()
+        if fields is not None:
+            if fields.call_id is not None:
+                line["call_id"] = fields.call_id
+            if fields.run_id is not None:
+                line["run_id"] = fields.run_id
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            line["trace_id"] = trace.format_trace_id(span.trace_id)
+            line["span_id"] = trace.format_span_id(span.span_id)
+        extra = getattr(record, "fields", None)
+        if isinstance(extra, dict):
+            line.update((k, v) for k, v in extra.items() if v is not None)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+class QueuedStream(logging.Handler):
+    """Formats where a record is logged; a background thread writes what has queued up.
+
+    The writer wakes every ``WRITE_EVERY_S`` rather than on each line: waking a thread per
+    line cost more CPU (GIL hand-offs) than formatting it. The queue holds at most
+    ``QUEUE_SIZE`` lines; if the stream stalls that long, newer lines are dropped (and
+    counted in ``dropped``) rather than blocking the event loop or growing without bound.
+    """
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        super().__init__()
+        self.dropped = 0
+        self._stream = stream if stream is not None else sys.stderr
+        self._lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._writer: threading.Thread | None = threading.Thread(
+            target=self._write, name="toolgate-log-writer", daemon=True
+        )
+        self._writer.start()
+        atexit.register(self.close)
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        """Without the handler lock: formatting is thread-safe and so is the queue."""
+        if not self.filter(record):
+            return False
+        self.emit(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        if self._lines.qsize() >= QUEUE_SIZE:
+            self.dropped += 1
+            return
+        self._lines.put(line)
+
+    def _write(self) -> None:
+        while not self._stop.wait(WRITE_EVERY_S):
+            self._drain()
+        self._drain()
+
+    def _drain(self) -> None:
+        lines = []
+        while not self._lines.empty():
+            lines.append(self._lines.get_nowait())
+        if lines:
+            try:
+                self._stream.write("\n".join(lines) + "\n")
+                self._stream.flush()
+            except (OSError, ValueError):
+                self.dropped += len(lines)
+
+    def close(self) -> None:
+        """Write out what is queued and stop the writer thread (idempotent)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self._stop.set()
+            writer.join(timeout=5)
+        super().close()
+
+
+def log_config(level: str = "INFO") -> dict[str, Any]:
+    """``logging.config.dictConfig`` for uvicorn: JSON lines on stderr for every logger;
+    toolgate's and uvicorn's at ``level``, libraries' only from WARNING up."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "app.logs.JsonFormatter"}},
+        "handlers": {"json": {"()": "app.logs.QueuedStream", "formatter": "json"}},
+        "root": {"handlers": ["json"], "level": "WARNING"},
+        "loggers": {
+            name: {"handlers": [], "level": level, "propagate": True}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "toolgate")
+        },
+    }

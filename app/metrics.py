@@ -1,0 +1,86 @@
+"""Prometheus metrics and ``GET /metrics`` (SPEC §4), in the text format version 0.0.4.
+
+Every label set is bounded: tools are catalog names (``unknown`` for a name the catalog does
+not hold), routes are templates (``unmatched`` when no route matched), codes are SPEC codes.
+
+Counts are per process. With several uvicorn workers each answers for itself, so a scrape
+sees one worker at a time; set ``PROMETHEUS_MULTIPROC_DIR`` (an empty directory, read by
+``prometheus_client`` itself before the workers start) to aggregate all workers instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from functools import lru_cache
+
+from fastapi import APIRouter, Response
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.multiprocess import MultiProcessCollector
+
+UNKNOWN_TOOL = "unknown"
+UNMATCHED_ROUTE = "unmatched"
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+DECISIONS = Counter(
+    "toolgate_decisions",
+    "Authorization decisions, by tool, outcome (allow/deny) and denial code.",
+    ("tool", "outcome", "code"),
+)
+EXECUTIONS = Counter(
+    "toolgate_executions",
+    "Execution outcomes, by tool and status (succeeded/failed/unknown/replayed).",
+    ("tool", "status"),
+)
+REQUEST_SECONDS = Histogram(
+    "toolgate_request_duration_seconds",
+    "HTTP request latency, by route template, method and status.",
+    ("route", "method", "status"),
+    buckets=_BUCKETS,
+)
+PROVIDER_SECONDS = Histogram(
+    "toolgate_provider_duration_seconds",
+    "Provider request latency, by provider and endpoint (execute/dry_run/reconcile/owner).",
+    ("provider", "endpoint"),
+    buckets=_BUCKETS,
+)
+
+
+@lru_cache(maxsize=4096)
+def decisions(tool: str, outcome: str, code: str) -> Counter:
+    """The labelled child, cached: ``labels()`` takes a lock and validates on every call."""
+    return DECISIONS.labels(tool, outcome, code)
+
+
+@lru_cache(maxsize=4096)
+def executions(tool: str, status: str) -> Counter:
+    return EXECUTIONS.labels(tool, status)
+
+
+@lru_cache(maxsize=4096)
+def request_seconds(route: str, method: str, status: int) -> Histogram:
+    return REQUEST_SECONDS.labels(route, method, str(status))
+
+
+@lru_cache(maxsize=1024)
+def provider_seconds(provider: str, endpoint: str) -> Histogram:
+    return PROVIDER_SECONDS.labels(provider, endpoint)
+
+
+router = APIRouter()
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics() -> Response:
+    """No authentication (SPEC §4); exposition runs off the event loop."""
+    text = await asyncio.to_thread(generate_latest, _registry())
+    return Response(text, media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+
+def _registry() -> CollectorRegistry:
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return REGISTRY
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry

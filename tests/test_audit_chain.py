@@ -1,0 +1,346 @@
+"""The audit chain on real PostgreSQL: append-only in the database, sealing after commit in
+sequence order, verification naming the first broken row, and ``toolgate audit verify``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from app.audit import sealer
+from app.audit.chain import GENESIS, row_hash
+from app.audit.models import AuditRow
+from app.audit.service import verify
+from app.audit.store import AuditEvent, append
+from app.db import Database
+from tests.conftest import ROOT, running_app
+from tests.flows import Flow, refund_args
+
+Auth = Callable[..., dict[str, str]]
+SEAL_BOUND_S = 5.0
+
+
+@pytest.fixture
+async def database(database_url: str, clean: None) -> AsyncIterator[Database]:
+    """The app's own database facade, for driving the sealer and verify directly."""
+    facade = Database(database_url)
+    await facade.open(min_size=1, max_size=4)
+    yield facade
+    await facade.close()
+
+
+def event(number: int, **fields: Any) -> AuditEvent:
+    return AuditEvent(
+        **{
+            "event": "proposed",
+            "tenant": "acme",
+            "actor": "alice",
+            "call_id": f"call_{number}",
+            "tool": "issue_refund",
+            "target": {"type": "order", "id": "ord_1"},
+            "arguments": {"order_id": "ord_1", "amount": number},
+            "decision": "allow",
+            "policy_version": "v1#abc123",
+            "proposed_by": "model",
+            "total_ms": 2.5,
+            **fields,
+        }
+    )
+
+
+async def insert(db: asyncpg.Connection, count: int) -> None:
+    for number in range(count):
+        await append(db, event(number))
+
+
+async def connect(url: str) -> asyncpg.Connection:
+    """Another session, as the app opens them (JSON codec included)."""
+    conn = await asyncpg.connect(url)
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    return conn
+
+
+async def one_pass(database: Database, grace_s: float) -> sealer.Pass:
+    """A sealing pass, waiting out the app's background sealer if it holds the lock."""
+    while True:
+        result = await sealer.seal_pending(database, grace_s)
+        if not result.busy:
+            return result
+        await asyncio.sleep(0.01)
+
+
+async def chain_order(db: asyncpg.Connection) -> list[int]:
+    rows = await db.fetch("SELECT seq FROM audit_events WHERE hash IS NOT NULL ORDER BY chain_pos")
+    return [r["seq"] for r in rows]
+
+
+async def wait_until_sealed(db: asyncpg.Connection, expected: int) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < SEAL_BOUND_S:
+        counts = await db.fetchrow(
+            "SELECT count(*) AS rows, count(*) FILTER (WHERE hash IS NULL) AS unsealed"
+            " FROM audit_events"
+        )
+        if counts["rows"] == expected and counts["unsealed"] == 0:
+            return time.monotonic() - started
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not sealed within {SEAL_BOUND_S} s: {dict(counts)}")
+
+
+async def tamper(db: asyncpg.Connection, sql: str) -> None:
+    """A DBA going around the trigger, inside one transaction of their own."""
+    async with db.transaction():
+        await db.execute("SET LOCAL session_replication_role = replica")
+        await db.execute(sql)
+
+
+def admin(auth: Auth) -> dict[str, str]:
+    return auth("root", "ops", "admin")
+
+
+async def test_rows_are_sealed_right_after_requests_and_the_chain_verifies(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection
+) -> None:
+    flow = Flow(client, auth)
+    await flow.propose("get_order", {"order_id": "ord_1"})
+    await flow.propose("issue_refund", refund_args(20))
+    denied = await client.post(
+        "/propose", json={"tool": "get_order", "arguments": {"order_id": "ord_9"}}, headers=auth()
+    )
+    assert denied.status_code == 403
+    elapsed = await wait_until_sealed(db, 3)
+    assert elapsed < sealer.TICK_S / 2, "sealed on the wake-up after the request, not the tick"
+    report = (await client.get("/audit/verify", headers=admin(auth))).json()
+    assert report == {
+        "ok": True,
+        "checked": 3,
+        "sealed_through": 3,
+        "unsealed": 0,
+        "skipped": 0,
+        "first_broken": None,
+    }
+    items = (await client.get("/audit", headers=admin(auth))).json()["items"]
+    assert [i["event"] for i in items] == ["proposed", "proposed", "denied"]
+    assert items[0]["prev_hash"] == GENESIS
+    assert [i["prev_hash"] for i in items[1:]] == [i["hash"] for i in items[:-1]]
+    assert len({i["hash"] for i in items}) == 3
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "reason = 'nothing to see here'",
+        "actor = 'mallory'",
+        "at = at - interval '1 hour'",
+        """arguments = '{"order_id": "ord_1", "amount": 2000}'""",
+        'outcome = \'{"status": "succeeded"}\'',
+        "provider_ms = 1",
+        "prev_hash = 'sha256:' || repeat('1', 64)",
+    ],
+)
+async def test_a_row_edited_directly_in_sql_is_named_by_verify(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection, change: str
+) -> None:
+    await insert(db, 5)
+    await wait_until_sealed(db, 5)
+    await tamper(db, f"UPDATE audit_events SET {change} WHERE seq = 3")
+    report = (await client.get("/audit/verify", headers=auth("audrey", "acme", "auditor"))).json()
+    assert report["ok"] is False
+    assert report["first_broken"]["seq"] == 3
+    assert report["checked"] == 2
+
+
+async def test_a_sealed_row_rehashed_by_hand_breaks_the_link_to_the_next(
+    db: asyncpg.Connection, database: Database
+) -> None:
+    await insert(db, 4)
+    await sealer.seal_all(database)
+    row = AuditRow(**dict(await db.fetchrow("SELECT * FROM audit_events WHERE seq = 2")))
+    forged = AuditRow(**{**row.__dict__, "reason": "forged"})
+    new_hash = row_hash(forged, row.prev_hash or "")
+    await tamper(
+        db, f"UPDATE audit_events SET reason = 'forged', hash = '{new_hash}' WHERE seq = 2"
+    )
+    report = await verify(database)
+    assert report.first_broken is not None
+    assert (report.first_broken.seq, report.checked) == (3, 2)
+    assert "prev_hash" in report.first_broken.reason
+
+
+async def test_a_deleted_row_is_a_hole_in_the_chain_not_a_gap(
+    db: asyncpg.Connection, database: Database
+) -> None:
+    await insert(db, 5)
+    await sealer.seal_all(database)
+    await tamper(db, "DELETE FROM audit_events WHERE seq = 3")
+    report = await verify(database)
+    assert report.first_broken is not None
+    assert (report.first_broken.seq, report.first_broken.chain_pos) == (4, 3)
+    assert "position 3 is missing" in report.first_broken.reason
+    assert report.skipped == 0
+
+
+async def test_rows_cut_from_the_end_of_the_chain_are_noticed(
+    db: asyncpg.Connection, database: Database
+) -> None:
+    await insert(db, 5)
+    await sealer.seal_all(database)
+    await tamper(db, "DELETE FROM audit_events WHERE seq >= 4")
+    report = await verify(database)
+    assert report.first_broken is not None
+    assert (report.first_broken.seq, report.first_broken.chain_pos) == (None, 4)
+    assert "removed from its end" in report.first_broken.reason
+    assert report.checked == 3
+
+
+async def test_the_database_refuses_update_and_delete_of_audit_rows(
+    db: asyncpg.Connection, database: Database
+) -> None:
+    await insert(db, 2)
+    await sealer.seal_all(database)
+    await append(db, event(3))
+    refused = [
+        "UPDATE audit_events SET reason = 'edited' WHERE seq = 1",
+        "UPDATE audit_events SET hash = 'sha256:00', prev_hash = 'x' WHERE seq = 1",
+        "UPDATE audit_events SET reason = 'edited' WHERE seq = 3",
+        "UPDATE audit_events SET chain_pos = 9, prev_hash = 'p', hash = 'h',"
+        " sealed_at = now(), reason = 'edited' WHERE seq = 3",
+        "UPDATE audit_events SET chain_pos = 9 WHERE seq = 3",
+        "DELETE FROM audit_events WHERE seq = 1",
+        "DELETE FROM audit_events WHERE seq = 3",
+        "DELETE FROM audit_events",
+        "INSERT INTO audit_events (event, tenant, actor, chain_pos, prev_hash, hash, sealed_at)"
+        " VALUES ('proposed', 'acme', 'alice', 99, 'p', 'h', now())",
+    ]
+    for sql in refused:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="audit_events"):
+            await db.execute(sql)
+    await sealer.seal_all(database)
+    assert await db.fetchval("SELECT count(*) FROM audit_events WHERE reason = 'edited'") == 0
+    assert (await verify(database)).ok
+    await db.execute("TRUNCATE audit_events, audit_chain, audit_gaps")
+    assert await db.fetchval("SELECT count(*) FROM audit_events") == 0
+
+
+async def test_a_lower_seq_that_commits_after_a_higher_one_is_waited_for(
+    database_url: str, db: asyncpg.Connection, database: Database
+) -> None:
+    slow = await connect(database_url)
+    try:
+        transaction = slow.transaction()
+        await transaction.start()
+        await append(slow, event(1))
+        await append(db, event(2))
+        result = await one_pass(database, grace_s=60)
+        assert (result.sealed, result.waiting) == (0, True)
+        await transaction.commit()
+    finally:
+        await slow.close()
+    await sealer.seal_all(database, grace_s=60)
+    assert await chain_order(db) == [1, 2]
+    report = await verify(database)
+    assert (report.ok, report.checked, report.sealed_through, report.skipped) == (True, 2, 2, 0)
+
+
+async def test_a_rolled_back_seq_is_skipped_after_the_grace_period_and_recorded(
+    db: asyncpg.Connection, database: Database
+) -> None:
+    await append(db, event(1))
+    transaction = db.transaction()
+    await transaction.start()
+    await append(db, event(2))
+    await transaction.rollback()
+    await append(db, event(3))
+    assert (await one_pass(database, grace_s=60)).waiting
+    assert await chain_order(db) == [1]
+    assert (await verify(database)).unsealed == 1
+    result = await one_pass(database, grace_s=0)
+    assert (result.sealed, result.waiting) == (1, False)
+    assert await chain_order(db) == [1, 3]
+    gaps = await db.fetch("SELECT first_seq, last_seq, after_pos FROM audit_gaps")
+    assert [tuple(g) for g in gaps] == [(2, 2, 1)]
+    report = await verify(database)
+    assert (report.ok, report.checked, report.sealed_through, report.skipped) == (True, 2, 3, 1)
+    assert report.unsealed == 0
+
+
+async def test_a_skipped_seq_that_commits_late_joins_the_end_of_the_chain(
+    database_url: str, db: asyncpg.Connection, database: Database
+) -> None:
+    slow = await connect(database_url)
+    try:
+        transaction = slow.transaction()
+        await transaction.start()
+        await append(slow, event(1))
+        await append(db, event(2))
+        assert (await one_pass(database, grace_s=0)).sealed == 1
+        gaps = await db.fetch("SELECT first_seq, last_seq, after_pos FROM audit_gaps")
+        assert [tuple(g) for g in gaps] == [(1, 1, 0)]
+        assert (await verify(database)).skipped == 1
+        await append(db, event(3))
+        assert (await one_pass(database, grace_s=0)).sealed == 1
+        await transaction.commit()
+    finally:
+        await slow.close()
+    await sealer.seal_all(database, grace_s=0)
+    assert await chain_order(db) == [2, 3, 1]
+    report = await verify(database)
+    assert (report.ok, report.checked, report.sealed_through, report.skipped) == (True, 3, 3, 0)
+
+
+async def test_concurrent_writes_from_two_instances_end_in_one_valid_chain(
+    client: httpx.AsyncClient, env: dict[str, str], auth: Auth, db: asyncpg.Connection
+) -> None:
+    async with running_app(env) as other:
+        flows = [Flow(client, auth), Flow(other, auth)]
+        await asyncio.gather(
+            *(flows[i % 2].propose("get_order", {"order_id": "ord_1"}) for i in range(60))
+        )
+        await wait_until_sealed(db, 60)
+    order = await chain_order(db)
+    assert sorted(order) == list(range(1, 61))
+    positions = await db.fetch("SELECT chain_pos FROM audit_events ORDER BY chain_pos")
+    assert [p["chain_pos"] for p in positions] == list(range(1, 61))
+    report = (await client.get("/audit/verify", headers=admin(auth))).json()
+    assert (report["ok"], report["checked"], report["unsealed"]) == (True, 60, 0)
+
+
+def toolgate_audit_verify(**variables: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLGATE_", "DEMO_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "audit", "verify"],
+        cwd=ROOT,
+        env={**env, **variables},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_the_cli_seals_verifies_and_exits_non_zero_naming_the_broken_row(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    await insert(db, 4)
+    intact = await asyncio.to_thread(toolgate_audit_verify, TOOLGATE_DATABASE_URL=database_url)
+    assert intact.returncode == 0, intact.stderr
+    assert "intact" in intact.stdout
+    assert "checked 4 sealed rows" in intact.stdout
+    assert await db.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL") == 0
+    await tamper(db, "UPDATE audit_events SET tenant = 'globex' WHERE seq = 2")
+    broken = await asyncio.to_thread(toolgate_audit_verify, TOOLGATE_DATABASE_URL=database_url)
+    assert broken.returncode == 1, broken.stderr
+    assert "BROKEN" in broken.stdout
+    assert "first broken row: seq 2" in broken.stdout
+    missing = await asyncio.to_thread(toolgate_audit_verify)
+    assert missing.returncode == 2
+    assert "TOOLGATE_DATABASE_URL" in missing.stderr

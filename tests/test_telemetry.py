@@ -1,0 +1,349 @@
+"""Traces, /metrics and JSON logs, seen through the ASGI app and the demo providers."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
+
+from app import telemetry
+from app.logs import JsonFormatter, QueuedStream
+from tests.conftest import Providers
+
+Auth = Callable[..., dict[str, str]]
+GET_ORDER = {"tool": "get_order", "arguments": {"order_id": "ord_1"}}
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN = "b7ad6b7169203331"
+
+
+@pytest.fixture(scope="session")
+def span_exporter(app: Any) -> InMemorySpanExporter:
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+@pytest.fixture
+def spans(span_exporter: InMemorySpanExporter) -> InMemorySpanExporter:
+    span_exporter.clear()
+    return span_exporter
+
+
+@pytest.fixture
+def log_lines() -> Iterator[io.StringIO]:
+    """JSON lines of ``toolgate.calls``, formatted where they are logged, as in production."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("toolgate.calls")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield stream
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def named(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
+    [span] = [s for s in spans.get_finished_spans() if s.name == name]
+    return span
+
+
+def traceparent(span: ReadableSpan) -> str:
+    context = span.get_span_context()
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def provider_header(requests: list[dict[str, Any]], path: str) -> str:
+    [request] = [r for r in requests if r["path"] == path]
+    return str(request["headers"]["traceparent"])
+
+
+async def test_an_execute_is_a_request_span_whose_provider_call_is_an_execute_tool_child(
+    client: httpx.AsyncClient, auth: Auth, providers: Providers, spans: InMemorySpanExporter
+) -> None:
+    response = await client.post("/execute", json=GET_ORDER, headers=auth())
+    assert response.status_code == 200, response.text
+    call_id = response.json()["call_id"]
+
+    server = named(spans, "POST /execute")
+    assert server.kind is SpanKind.SERVER
+    assert server.parent is None
+    assert (
+        dict(server.attributes or {}).items()
+        >= {
+            "http.request.method": "POST",
+            "http.route": "/execute",
+            "http.response.status_code": 200,
+            "toolgate.call_id": call_id,
+        }.items()
+    )
+    tool = named(spans, "execute_tool get_order")
+    assert tool.kind is SpanKind.CLIENT
+    assert tool.parent is not None
+    assert tool.parent.span_id == server.get_span_context().span_id
+    assert tool.get_span_context().trace_id == server.get_span_context().trace_id
+    attributes = dict(tool.attributes or {})
+    assert attributes["toolgate.policy_version"].startswith("demo-2026-11-29#")
+    assert (
+        attributes.items()
+        >= {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "get_order",
+            "gen_ai.tool.call.id": call_id,
+            "gen_ai.tool.type": "function",
+            "toolgate.call_id": call_id,
+            "server.address": "127.0.0.1",
+            "http.response.status_code": 200,
+        }.items()
+    )
+    assert "toolgate.operation_id" not in attributes
+    owner = named(spans, "owner_lookup order")
+    assert owner.parent is not None
+    assert owner.parent.span_id == server.get_span_context().span_id
+
+    requests = await providers.requests()
+    assert provider_header(requests, "/billing/orders/ord_1") == traceparent(tool)
+    assert provider_header(requests, "/billing/orders/ord_1/owner") == traceparent(owner)
+
+
+async def test_a_mutation_span_carries_the_operation_id_sent_as_idempotency_key(
+    client: httpx.AsyncClient, auth: Auth, providers: Providers, spans: InMemorySpanExporter
+) -> None:
+    body = {"tool": "create_ticket", "arguments": {"subject": "late", "body": "where is it?"}}
+    response = await client.post(
+        "/execute", json=body, headers={**auth(), "Idempotency-Key": "telemetry-key-0000001"}
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    tool = named(spans, "execute_tool create_ticket")
+    attributes = dict(tool.attributes or {})
+    assert attributes["toolgate.operation_id"] == answer["operation_id"]
+    assert attributes["gen_ai.tool.call.id"] == answer["call_id"]
+    [request] = await providers.requests()
+    assert request["headers"]["Idempotency-Key"] == answer["operation_id"]
+    assert request["headers"]["traceparent"] == traceparent(tool)
+
+
+async def test_an_incoming_traceparent_is_continued_to_the_provider(
+    client: httpx.AsyncClient, auth: Auth, providers: Providers, spans: InMemorySpanExporter
+) -> None:
+    caller = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+    response = await client.post(
+        "/execute", json=GET_ORDER, headers={**auth(), "traceparent": caller}
+    )
+    assert response.status_code == 200, response.text
+    server = named(spans, "POST /execute")
+    assert server.get_span_context().trace_id == int(CALLER_TRACE, 16)
+    assert server.parent is not None
+    assert server.parent.span_id == int(CALLER_SPAN, 16)
+    assert server.parent.is_remote
+    sent = provider_header(await providers.requests(), "/billing/orders/ord_1")
+    assert sent.split("-")[1] == CALLER_TRACE
+    assert sent == traceparent(named(spans, "execute_tool get_order"))
+
+
+async def test_a_dry_run_has_its_own_clearly_named_span(
+    client: httpx.AsyncClient, auth: Auth, spans: InMemorySpanExporter
+) -> None:
+    arguments = {"order_id": "ord_1", "amount": 20, "customer_id": "alice"}
+    proposal = await client.post(
+        "/propose", json={"tool": "issue_refund", "arguments": arguments}, headers=auth()
+    )
+    assert proposal.status_code == 200, proposal.text
+    call_id = proposal.json()["call_id"]
+    response = await client.post("/dry-run", json={"call_id": call_id}, headers=auth())
+    assert response.status_code == 200, response.text
+    span = named(spans, "dry_run issue_refund")
+    attributes = dict(span.attributes or {})
+    assert (attributes["toolgate.endpoint"], attributes["toolgate.call_id"]) == ("dry_run", call_id)
+    assert "gen_ai.operation.name" not in attributes
+    assert named(spans, "POST /dry-run").get_span_context().trace_id == (
+        span.get_span_context().trace_id
+    )
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return samples(response.text)
+
+
+def delta(
+    before: dict[tuple[str, frozenset[tuple[str, str]]], float],
+    after: dict[tuple[str, frozenset[tuple[str, str]]], float],
+    name: str,
+    **labels: str,
+) -> float:
+    key = (name, frozenset(labels.items()))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+async def test_metrics_count_decisions_executions_and_latencies_without_auth(
+    client: httpx.AsyncClient, auth: Auth
+) -> None:
+    before = await scrape(client)
+    allowed = await client.post("/execute", json=GET_ORDER, headers=auth())
+    denied = await client.post(
+        "/execute", json={"tool": "get_order", "arguments": {"order_id": "ord_9"}}, headers=auth()
+    )
+    unknown = await client.post("/propose", json={"tool": "nope", "arguments": {}}, headers=auth())
+    missing = await client.get("/no/such/path")
+    assert [r.status_code for r in (allowed, denied, unknown, missing)] == [200, 403, 404, 404]
+    after = await scrape(client)
+
+    decisions = "toolgate_decisions_total"
+    assert delta(before, after, decisions, tool="get_order", outcome="allow", code="") == 1
+    assert (
+        delta(before, after, decisions, tool="get_order", outcome="deny", code="tool_forbidden")
+        == 1
+    )
+    assert delta(before, after, decisions, tool="unknown", outcome="deny", code="unknown_tool") == 1
+    executions = "toolgate_executions_total"
+    assert delta(before, after, executions, tool="get_order", status="succeeded") == 1
+    requests = "toolgate_request_duration_seconds_count"
+    assert delta(before, after, requests, route="/execute", method="POST", status="200") == 1
+    assert delta(before, after, requests, route="/execute", method="POST", status="403") == 1
+    assert delta(before, after, requests, route="unmatched", method="GET", status="404") == 1
+    assert (
+        delta(
+            before,
+            after,
+            "toolgate_request_duration_seconds_bucket",
+            route="/execute",
+            method="POST",
+            status="200",
+            le="+Inf",
+        )
+        == 1
+    )
+    provider = "toolgate_provider_duration_seconds_count"
+    assert delta(before, after, provider, provider="billing", endpoint="execute") == 1
+    assert delta(before, after, provider, provider="billing", endpoint="owner") == 2
+
+
+async def test_a_decision_log_line_is_json_with_call_id_and_trace_id_but_no_arguments(
+    client: httpx.AsyncClient, auth: Auth, spans: InMemorySpanExporter, log_lines: io.StringIO
+) -> None:
+    response = await client.post("/execute", json=GET_ORDER, headers=auth())
+    assert response.status_code == 200, response.text
+    call_id = response.json()["call_id"]
+    lines = [json.loads(line) for line in log_lines.getvalue().splitlines()]
+    trace_id = f"{named(spans, 'POST /execute').get_span_context().trace_id:032x}"
+    assert [(line["message"], line["call_id"], line["trace_id"]) for line in lines] == [
+        ("allow get_order", call_id, trace_id),
+        ("executed get_order: succeeded", call_id, trace_id),
+    ]
+    assert lines[0]["level"] == "INFO"
+    assert lines[0]["logger"] == "toolgate.calls"
+    assert (lines[0]["outcome"], lines[1]["status"]) == ("allow", "succeeded")
+    assert "ord_1" not in log_lines.getvalue()
+
+
+async def test_a_denial_log_line_names_its_code(
+    client: httpx.AsyncClient, auth: Auth, log_lines: io.StringIO
+) -> None:
+    response = await client.post(
+        "/propose", json={"tool": "get_order", "arguments": {"order_id": "ord_9"}}, headers=auth()
+    )
+    assert response.status_code == 403
+    [line] = [json.loads(line) for line in log_lines.getvalue().splitlines()]
+    assert (line["message"], line["code"], line["call_id"]) == (
+        "deny get_order: tool_forbidden",
+        "tool_forbidden",
+        response.json()["call_id"],
+    )
+
+
+class _Attempt:
+    tool_name = "get_order"
+    tool = None
+    run_id = "run_42"
+    catalog: Any = None
+
+
+async def test_every_log_line_of_a_request_carries_its_call_and_run_ids(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("toolgate.test")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+    async def endpoint(scope: Any, receive: Any, send: Any) -> None:
+        telemetry.bind_call(_Attempt(), "call_abc")
+        logger.info("inside")
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    try:
+        transport = httpx.ASGITransport(app=telemetry.TelemetryMiddleware(endpoint))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            assert (await c.get("/x")).status_code == 204
+        logger.info("outside")
+    finally:
+        logger.removeHandler(handler)
+    inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (inside["call_id"], inside["run_id"], len(inside["trace_id"])) == (
+        "call_abc",
+        "run_42",
+        32,
+    )
+    assert "call_id" not in outside
+    assert "trace_id" not in outside
+
+
+def test_queued_stream_writes_json_lines_from_its_own_thread() -> None:
+    stream = io.StringIO()
+    handler = QueuedStream(stream)
+    handler.setFormatter(JsonFormatter())
+    record = logging.LogRecord("toolgate", logging.WARNING, __file__, 1, "hello %s", ("x",), None)
+    handler.handle(record)
+    handler.close()
+    handler.close()
+    [line] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (line["message"], line["level"], line["logger"]) == ("hello x", "WARNING", "toolgate")
+    assert line["time"].endswith("+00:00")
+
+
+def test_otlp_export_is_installed_only_when_an_endpoint_is_configured() -> None:
+    plain = telemetry.build_provider({})
+    assert plain._active_span_processor._span_processors == ()
+    assert plain.resource.attributes["service.name"] == "toolgate"
+    plain.shutdown()
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_SERVICE_NAME": "tg-a"}
+    exporting = telemetry.build_provider(env)
+    [processor] = exporting._active_span_processor._span_processors
+    assert isinstance(processor, BatchSpanProcessor)
+    assert exporting.resource.attributes["service.name"] == "tg-a"
+    assert telemetry.otlp_endpoint(env) == "http://collector:4318/v1/traces"
+    exporting.shutdown()
+    assert telemetry.otlp_endpoint({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c/t"}) == (
+        "http://c/t"
+    )
+    assert telemetry.otlp_endpoint({**env, "OTEL_TRACES_EXPORTER": "none"}) is None
