@@ -1,0 +1,672 @@
+"""toolgate vs a hand-minimal forwarder: throughput, latency and memory under wrk.
+
+One command, everything on 127.0.0.1, everything it starts it stops (also on Ctrl-C or
+failure), and the throwaway database it creates it drops::
+
+    python bench/run.py [--duration 15] [--concurrency 16]
+
+Steps: create a database ``bench_<random>``; ``toolgate migrate`` it; start the demo
+providers, ``toolgate serve --workers 1`` and ``bench/minimal_forwarder.py`` on free ports;
+wait for readiness; smoke-test each target once; then, per workload and target, a short
+warm-up followed by a measured wrk run:
+
+* ``read``     -- ``get_order`` on ``ord_1`` as alice/acme/support;
+* ``mutation`` -- ``create_ticket`` (low impact, no dry-run or approval) with a fresh
+  ``Idempotency-Key`` per request; ``order_id: ord_1`` is passed so that both targets do the
+  owner lookup too.
+
+Prints req/s, p50, p99, non-2xx responses and the peak RSS of each server's process tree,
+then the toolgate/forwarder ratios. Figures only -- this is not a test and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import jwt
+import orjson
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import (
+    HOST,
+    ROOT,
+    BenchError,
+    Proc,
+    Processes,
+    RssSampler,
+    WrkResult,
+    comm_cpu_s,
+    free_port,
+    host_cpu_s,
+    http,
+    lua_script,
+    require_wrk,
+    run_wrk,
+    sigterm_as_interrupt,
+    table,
+    tree_cpu_s,
+    venv_bin,
+    wait_ready,
+)
+
+WORKLOADS = {
+    "read": {"tool": "get_order", "arguments": {"order_id": "ord_1"}},
+    "mutation": {
+        "tool": "create_ticket",
+        "arguments": {
+            "subject": "bench ticket",
+            "body": "opened by bench/run.py",
+            "order_id": "ord_1",
+        },
+    },
+}
+CORES = os.cpu_count() or 1
+
+
+@dataclass
+class Row:
+    target: str
+    workload: str
+    result: WrkResult
+    rss_mb: float
+    cpu_pct: float
+    provider_cpu_pct: float
+    postgres_cpu_pct: float
+    host_busy_pct: float
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per measured run")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up per run")
+    parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
+    parser.add_argument("--threads", type=int, default=1, help="wrk threads (2 cores here)")
+    parser.add_argument(
+        "--postgres", default="postgresql://postgres@127.0.0.1:5432", help="server URL, no db"
+    )
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--workloads", default="read,mutation", help="comma-separated subset of read,mutation"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="repeat the runs; the table shows medians"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="TWEAKS",
+        help="also measure toolgate with bench/toolgate_variants.py tweaks (comma-separated, "
+        "e.g. no_access_log,no_pool_reset,no_sealer_wake); repeatable",
+    )
+    parser.add_argument(
+        "--count-queries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="afterwards, send N sequential requests per workload to a toolgate that counts "
+        "its SQL statements (bench/toolgate_variants.py count_queries) and print them",
+    )
+    parser.add_argument("--keep-logs", action="store_true", help="keep the log directory")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="after each toolgate run, run it again under `py-spy record --gil` (100 Hz) and "
+        "write collapsed stacks to DIR, printing where the GIL-holding time goes",
+    )
+    return parser.parse_args()
+
+
+# --- the throwaway database and redis keys -----------------------------------------------
+
+
+async def _admin(server: str, sql: str) -> None:
+    conn = await asyncpg.connect(server + "/postgres")
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def create_database(server: str, name: str) -> None:
+    asyncio.run(_admin(server, f'CREATE DATABASE "{name}"'))
+
+
+def drop_database(server: str, name: str) -> None:
+    asyncio.run(_admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def delete_redis_keys(url: str, prefixes: list[str]) -> int:
+    client = redis.Redis.from_url(url)
+    deleted = 0
+    try:
+        for prefix in prefixes:
+            keys = list(client.scan_iter(match=prefix + "*", count=1000))
+            if keys:
+                deleted += int(client.delete(*keys))
+    finally:
+        client.close()
+    return deleted
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+def token(secret: str) -> str:
+    now = int(time.time())
+    claims = {"sub": "alice", "tid": "acme", "roles": ["support"], "iat": now, "exp": now + 7200}
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def smoke(url: str, bearer: str, workload: str, label: str) -> None:
+    """One request by hand, so a broken target fails loudly before wrk hides it in counts."""
+    headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
+    if workload == "mutation":
+        headers["Idempotency-Key"] = "smoke-" + secrets.token_hex(12)
+    status, body = http("POST", url, orjson.dumps(WORKLOADS[workload]), headers, timeout_s=10)
+    if status != 200:
+        raise BenchError(f"{label} {workload} smoke request answered {status}: {body[:500]!r}")
+    answer = orjson.loads(body)
+    if answer.get("status") != "succeeded":
+        raise BenchError(f"{label} {workload} smoke request did not succeed: {answer}")
+
+
+def main() -> int:
+    ns = _args()
+    require_wrk()
+    workloads = [w for w in ns.workloads.split(",") if w]
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        raise BenchError(f"unknown workloads: {sorted(unknown)}")
+    nonce = secrets.token_hex(4)
+    db_name = f"bench_{nonce}"
+    db_url = f"{ns.postgres}/{db_name}"
+    secret = secrets.token_hex(32)
+    redis_prefixes = [f"bench-{nonce}:", f"bench-fwd-{nonce}:"]
+    log_dir = Path(tempfile.mkdtemp(prefix=f"toolgate-bench-{nonce}-"))
+    provider_port = free_port()
+    providers_url = f"http://{HOST}:{provider_port}"
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "TOOLGATE_DATABASE_URL": db_url,
+        "TOOLGATE_REDIS_URL": ns.redis,
+        "TOOLGATE_REDIS_PREFIX": redis_prefixes[0],
+        "TOOLGATE_JWT_SECRET": secret,
+        "TOOLGATE_CATALOG": "catalog/",
+        "DEMO_PROVIDERS_URL": providers_url,
+        "FWD_DATABASE_URL": db_url,
+        "FWD_REDIS_URL": ns.redis,
+        "FWD_REDIS_PREFIX": redis_prefixes[1],
+        "FWD_JWT_SECRET": secret,
+        "FWD_PROVIDERS_URL": providers_url,
+    }
+    rows: list[Row] = []
+    database_created = False
+    failed = True
+    interrupted = False
+    with sigterm_as_interrupt():
+        try:
+            create_database(ns.postgres, db_name)
+            database_created = True
+            with Processes(log_dir) as procs:
+                migrate = procs.start("migrate", [venv_bin("toolgate"), "migrate"], env)
+                if migrate.popen.wait(timeout=60) != 0:
+                    raise BenchError(f"toolgate migrate failed:\n{migrate.tail()}")
+                procs.stop(migrate)
+                providers = procs.start(
+                    "providers",
+                    [
+                        sys.executable,
+                        "-m",
+                        "examples.demo_providers",
+                        "--host",
+                        HOST,
+                        "--port",
+                        str(provider_port),
+                    ],
+                    env,
+                )
+                wait_ready(providers, f"{providers_url}/billing/orders/ord_1/owner")
+                targets = ["toolgate", "forwarder"] + [f"toolgate[{v}]" for v in ns.variant]
+                bearer = token(secret)
+                servers: dict[str, Proc] = {}
+                urls: dict[str, str] = {}
+
+                def start(target: str, smoke_test: bool = True) -> None:
+                    """Start a target, wait until ready, smoke-test each workload once."""
+                    port = free_port()
+                    servers[target] = procs.start(target, server_argv(target, port), env)
+                    urls[target] = f"http://{HOST}:{port}"
+                    health = "/healthz" if target == "forwarder" else "/readyz"
+                    wait_ready(servers[target], urls[target] + health, timeout_s=60)
+                    for workload in workloads if smoke_test else []:
+                        smoke(urls[target] + "/execute", bearer, workload, target)
+
+                # The two main targets run throughout; each variant only while it is measured
+                # (every asyncpg pool may hold 20 connections; PostgreSQL allows 100).
+                start("toolgate")
+                start("forwarder")
+                print(
+                    f"toolgate pid {servers['toolgate'].pid}, forwarder pid "
+                    f"{servers['forwarder'].pid}, providers pid {providers.pid}; db {db_name}; "
+                    f"{ns.duration:.0f}s per run, {ns.concurrency} connections, "
+                    f"{ns.threads} wrk thread(s); logs in {log_dir}",
+                    flush=True,
+                )
+                with RssSampler({t: servers[t].pid for t in servers}) as sampler:
+                    for round_no, target, target_workloads in schedule(
+                        ns.rounds, workloads, targets
+                    ):
+                        if target not in servers:
+                            start(target)
+                            sampler.watch(target, servers[target].pid)
+                        for workload in target_workloads:
+                            rows.append(
+                                measure(
+                                    ns,
+                                    procs,
+                                    sampler,
+                                    urls[target],
+                                    bearer,
+                                    target,
+                                    workload,
+                                    servers[target].pid,
+                                    providers.pid,
+                                    round_no,
+                                )
+                            )
+                            for name, proc in [*servers.items(), ("providers", providers)]:
+                                if not proc.alive():
+                                    raise BenchError(f"{name} died:\n{proc.tail()}")
+                        if target not in ("toolgate", "forwarder"):
+                            sampler.unwatch(target)
+                            procs.stop(servers.pop(target))
+                if ns.count_queries > 0:
+                    for workload in workloads:
+                        target = "toolgate[count_queries]"
+                        start(target, smoke_test=False)
+                        count_statements(
+                            procs, servers.pop(target), urls[target], bearer, workload,
+                            ns.count_queries,
+                        )  # fmt: skip
+            failed = False
+        except KeyboardInterrupt:
+            print("\ninterrupted; cleaning up", file=sys.stderr)
+            interrupted = True
+        except BenchError as exc:
+            print(f"bench failed: {exc}", file=sys.stderr)
+        finally:
+            if database_created:
+                drop_database(ns.postgres, db_name)
+            delete_redis_keys(ns.redis, redis_prefixes)
+            if ns.keep_logs or (failed and not interrupted):
+                print(f"logs kept in {log_dir}", file=sys.stderr)
+            else:
+                shutil.rmtree(log_dir, ignore_errors=True)
+    if rows:
+        report(rows)
+    return 1 if failed else 0
+
+
+FORWARDER_STATEMENTS = {
+    "read": "INSERT fwd_audit, reset = 2",
+    "mutation": "INSERT fwd_executions, reset, BEGIN, UPDATE, INSERT fwd_audit, COMMIT, reset = 7",
+}
+
+
+def count_statements(
+    procs: Processes, server: Proc, url: str, bearer: str, workload: str, n: int
+) -> None:
+    """N sequential requests, a pause for background work, then the server's counts / N."""
+    headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
+    body = orjson.dumps(WORKLOADS[workload])
+    for _ in range(n):
+        if workload == "mutation":
+            headers["Idempotency-Key"] = "count-" + secrets.token_hex(12)
+        status, answer = http("POST", url + "/execute", body, headers, timeout_s=10)
+        if status != 200:
+            raise BenchError(f"count_queries {workload}: {status} {answer[:300]!r}")
+    time.sleep(2.5)  # let the audit sealer's tick run, as it would under steady load
+    procs.stop(server)
+    counts: dict[str, int] = {}
+    for line in server.log.read_text(errors="replace").splitlines():
+        if line.startswith("QUERY_COUNTS "):
+            counts = orjson.loads(line.removeprefix("QUERY_COUNTS "))
+    if not counts:
+        raise BenchError(f"count_queries {workload}: no counts in the log:\n{server.tail()}")
+    total = sum(counts.values())
+    print(f"  SQL statements per {workload} request (toolgate, {n} sequential requests; "
+          f"start-up and background work included): {total / n:.1f}")  # fmt: skip
+    for kind, count in counts.items():
+        print(f"    {count / n:5.2f}  {kind}")
+    print(f"  minimal forwarder, by construction: {FORWARDER_STATEMENTS[workload]}")
+
+
+def server_argv(target: str, port: int) -> list[str]:
+    common = ["--host", HOST, "--port", str(port)]
+    if target == "toolgate":
+        return [venv_bin("toolgate"), "serve", *common, "--workers", "1"]
+    if target == "forwarder":
+        return [sys.executable, str(ROOT / "bench" / "minimal_forwarder.py"), *common]
+    tweaks = target.removeprefix("toolgate[").removesuffix("]")
+    script = str(ROOT / "bench" / "toolgate_variants.py")
+    return [sys.executable, script, *common, "--tweaks", tweaks]
+
+
+def schedule(
+    rounds: int, workloads: list[str], targets: list[str]
+) -> list[tuple[int, str, list[str]]]:
+    """Round by round, every target with all workloads; the target order alternates."""
+    runs: list[tuple[int, str, list[str]]] = []
+    for round_no in range(1, rounds + 1):
+        order = targets if round_no % 2 else targets[::-1]
+        runs.extend((round_no, target, workloads) for target in order)
+    return runs
+
+
+def measure(
+    ns: argparse.Namespace,
+    procs: Processes,
+    sampler: RssSampler,
+    base_url: str,
+    bearer: str,
+    target: str,
+    workload: str,
+    server_pid: int,
+    providers_pid: int,
+    round_no: int,
+) -> Row:
+    def script() -> str:
+        """A wrk script; each call gets its own key prefix, so no run replays another's keys."""
+        return lua_script(
+            "POST",
+            "/execute",
+            {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
+            orjson.dumps(WORKLOADS[workload]),
+            fresh_idempotency_keys=workload == "mutation",
+            key_prefix=f"bench-{re.sub(r'[^A-Za-z0-9]+', '_', target)}-{workload}-"
+            f"{secrets.token_hex(6)}",
+        )
+
+    common = {"concurrency": ns.concurrency, "threads": ns.threads}
+    if ns.warmup > 0:
+        run_wrk(
+            procs,
+            base_url + "/execute",
+            script(),
+            duration_s=ns.warmup,
+            label=f"{target}-{workload}-warmup",
+            **common,
+        )
+    sampler.reset()
+    cpu0, pcpu0, t0 = tree_cpu_s(server_pid), tree_cpu_s(providers_pid), time.monotonic()
+    pg0, (busy0, all0) = comm_cpu_s("postgres"), host_cpu_s()
+    result = run_wrk(
+        procs,
+        base_url + "/execute",
+        script(),
+        duration_s=ns.duration,
+        label=f"{target}-{workload}-{round_no}",
+        **common,
+    )
+    elapsed = time.monotonic() - t0
+    busy1, all1 = host_cpu_s()
+    row = Row(
+        target,
+        workload,
+        result,
+        sampler.peak_mb(target),
+        100 * (tree_cpu_s(server_pid) - cpu0) / elapsed,
+        100 * (tree_cpu_s(providers_pid) - pcpu0) / elapsed,
+        100 * (comm_cpu_s("postgres") - pg0) / elapsed,
+        100 * CORES * (busy1 - busy0) / max(all1 - all0, 1e-9),
+    )
+    print(
+        f"  {target:9} {workload:8} {result.rps:8.0f} req/s  p50 {result.p50_ms:6.1f} ms  "
+        f"p99 {result.p99_ms:6.1f} ms  non-2xx {result.non2xx}  rss {row.rss_mb:.0f} MB  "
+        f"cpu {row.cpu_pct:.0f}% (providers {row.provider_cpu_pct:.0f}%, postgres "
+        f"{row.postgres_cpu_pct:.0f}%, host {row.host_busy_pct:.0f}% of {100 * CORES}%)",
+        flush=True,
+    )
+    if result.sample:
+        print(f"    first non-2xx: {result.sample}", flush=True)
+    if ns.profile and target == "toolgate" and round_no == 1:
+        profile(ns, procs, base_url, script(), server_pid, workload, common)
+    return row
+
+
+def profile(
+    ns: argparse.Namespace,
+    procs: Processes,
+    base_url: str,
+    script: str,
+    pid: int,
+    workload: str,
+    common: dict[str, int],
+) -> None:
+    """Drive toolgate once more while py-spy samples its worker; print the hottest frames."""
+    out = Path(ns.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    seconds = max(3, round(ns.duration))
+    spy = procs.start(
+        f"py-spy-{workload}",
+        [
+            venv_bin("py-spy"),
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(seconds),
+            "-r",
+            "100",
+            "--gil",
+            "--nolineno",
+            "-f",
+            "raw",
+            "-o",
+            str(out / f"toolgate-{workload}.txt"),
+        ],
+        os.environ,
+    )
+    run_wrk(
+        procs,
+        base_url + "/execute",
+        script,
+        duration_s=seconds,
+        label=f"toolgate-{workload}-profile",
+        **common,
+    )
+    try:
+        spy.popen.wait(timeout=30)
+    finally:
+        procs.stop(spy)
+    summarize_profile(out / f"toolgate-{workload}.txt", seconds * 100, workload)
+
+
+# Leaf-first attribution: a sample counts for the first (deepest) frame whose file matches.
+CATEGORIES = [
+    ("opentelemetry/", "OpenTelemetry (spans, propagation)"),
+    ("fastapi/telemetry/", "OpenTelemetry (spans, propagation)"),
+    ("asyncpg/", "asyncpg (PostgreSQL round trips)"),
+    ("aiohttp/", "aiohttp client (provider calls)"),
+    ("redis/", "redis-py (lock)"),
+    ("jwt/", "PyJWT (token verification)"),
+    ("logging/", "logging (access log + JSON log lines, incl. writer thread)"),
+    ("uvicorn/logging", "logging (access log + JSON log lines, incl. writer thread)"),
+    ("(json/", "stdlib json (asyncpg jsonb codec)"),
+    ("(app/", "toolgate app code (policy, schema, fingerprint, rows)"),
+    ("rfc8785/", "toolgate app code (policy, schema, fingerprint, rows)"),
+    ("(copy.py", "toolgate app code (policy, schema, fingerprint, rows)"),
+    ("(dataclasses.py", "toolgate app code (policy, schema, fingerprint, rows)"),
+    ("pydantic", "FastAPI/Starlette routing, DI, pydantic"),
+    ("fastapi/", "FastAPI/Starlette routing, DI, pydantic"),
+    ("starlette/", "FastAPI/Starlette routing, DI, pydantic"),
+    ("uvicorn/", "uvicorn HTTP server"),
+]
+
+
+def summarize_profile(path: Path, possible: int, workload: str) -> None:
+    """Where the worker's busy samples go: by library (leaf-first) and by app function."""
+    if not path.exists():
+        print(f"    (no profile written: {path})")
+        return
+    buckets: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [f for f in stack.split(";") if f]
+        bucket = "other (event loop, asyncio, misc)"
+        for frame in reversed(frames):
+            match = next((name for marker, name in CATEGORIES if marker in frame), None)
+            if match is not None:
+                bucket = match
+                break
+        buckets[bucket] = buckets.get(bucket, 0) + count
+        for frame in set(frames):
+            if "(app/" in frame or frame.startswith("Connection.reset"):
+                inclusive[frame] = inclusive.get(frame, 0) + count
+    if not total:
+        print("    (empty profile)")
+        return
+    print(
+        f"    py-spy --gil {workload}: {total} samples holding the GIL of ~{possible} possible "
+        f"(~{100 * total / possible:.0f}% of the time); share of those samples:"
+    )
+    for name, count in sorted(buckets.items(), key=lambda kv: -kv[1]):
+        print(f"      {100 * count / total:5.1f}%  {name}")
+    print("    inclusive, toolgate functions:")
+    skip = ("main (app/cli.py)", "_serve (app/cli.py)")
+    ranked = [(f, c) for f, c in sorted(inclusive.items(), key=lambda kv: -kv[1]) if f not in skip]
+    for frame, count in ranked[:16]:
+        print(f"      {100 * count / total:5.1f}%  {frame}")
+    print(f"    collapsed stacks: {path} (flamegraph.pl / speedscope can render them)")
+
+
+@dataclass(frozen=True)
+class Summary:
+    target: str
+    workload: str
+    rounds: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    non2xx: int
+    socket_errors: int
+    rss_mb: float
+    cpu_pct: float
+    provider_cpu_pct: float
+    postgres_cpu_pct: float
+    host_busy_pct: float
+
+
+def summarize(rows: list[Row]) -> list[Summary]:
+    """Medians over rounds (req/s, latencies, CPU); sums of errors; the highest RSS."""
+    out = []
+    targets = list(dict.fromkeys(r.target for r in rows))
+    for workload in WORKLOADS:
+        for target in targets:
+            mine = [r for r in rows if (r.target, r.workload) == (target, workload)]
+            if not mine:
+                continue
+            out.append(
+                Summary(
+                    target,
+                    workload,
+                    len(mine),
+                    statistics.median(r.result.rps for r in mine),
+                    statistics.median(r.result.p50_ms for r in mine),
+                    statistics.median(r.result.p99_ms for r in mine),
+                    sum(r.result.non2xx for r in mine),
+                    sum(r.result.socket_errors for r in mine),
+                    max(r.rss_mb for r in mine),
+                    statistics.median(r.cpu_pct for r in mine),
+                    statistics.median(r.provider_cpu_pct for r in mine),
+                    statistics.median(r.postgres_cpu_pct for r in mine),
+                    statistics.median(r.host_busy_pct for r in mine),
+                )
+            )
+    return out
+
+
+def report(rows: list[Row]) -> None:
+    summaries = summarize(rows)
+    rounds = max(s.rounds for s in summaries)
+    print()
+    if rounds > 1:
+        print(f"medians of {rounds} rounds (non-2xx and socket errors summed, RSS is the peak)")
+    print(
+        table(
+            [
+                "target",
+                "workload",
+                "req/s",
+                "p50 ms",
+                "p99 ms",
+                "non-2xx",
+                "sock err",
+                "peak RSS MB",
+                "server CPU %",
+                "server CPU ms/req",
+                "providers CPU %",
+                "postgres CPU %",
+                "host CPU %",
+            ],
+            [
+                [
+                    s.target,
+                    s.workload,
+                    f"{s.rps:.0f}",
+                    f"{s.p50_ms:.1f}",
+                    f"{s.p99_ms:.1f}",
+                    s.non2xx,
+                    s.socket_errors,
+                    f"{s.rss_mb:.0f}",
+                    f"{s.cpu_pct:.0f}",
+                    f"{10 * s.cpu_pct / s.rps:.2f}" if s.rps else "-",
+                    f"{s.provider_cpu_pct:.0f}",
+                    f"{s.postgres_cpu_pct:.0f}",
+                    f"{s.host_busy_pct:.0f}",
+                ]
+                for s in summaries
+            ],
+        )
+    )
+    by = {(s.target, s.workload): s for s in summaries}
+    ratio_rows = []
+    for s in summaries:
+        fw = by.get(("forwarder", s.workload))
+        if s.target == "forwarder" or fw is None:
+            continue
+        throughput = s.rps / fw.rps if fw.rps else float("nan")
+        p99 = s.p99_ms / fw.p99_ms if fw.p99_ms else float("nan")
+        ratio_rows.append([s.target, s.workload, f"{throughput:.2f}x", f"{p99:.2f}x"])
+    if ratio_rows:
+        print()
+        print(table(["target", "workload", "req/s vs forwarder", "p99 vs forwarder"], ratio_rows))
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,136 @@
+"""toolgate with bench-only tweaks, to size suggested changes before anyone makes them.
+
+Runs ``toolgate serve`` itself (``app.cli.main``: same preflight, logging config, uvloop +
+httptools, settings from ``TOOLGATE_*``) with some settings changed by patching at start-up.
+An experiment only: the tweaks belong in app/ if the figures justify them. ``bench/run.py
+--variant`` starts this next to the real ``toolgate serve``.
+
+Tweaks (comma-separated, ``--tweaks``):
+
+* ``no_access_log`` -- uvicorn without its per-request access log line;
+* ``no_pool_reset`` -- asyncpg pool ``reset=`` a no-op: asyncpg still rolls back an open
+  transaction on release, but skips its ``RESET ALL; UNLISTEN *; pg_advisory_unlock_all()...``
+  round trip (toolgate keeps no session state on pooled connections);
+* ``no_sealer_wake`` -- the audit sealer (``app/audit/sealer.py``) is no longer woken after
+  every POST; it seals on its periodic tick only (bigger batches, fewer passes).
+* ``count_queries`` -- no change in behaviour: every SQL statement the pool runs (BEGIN,
+  COMMIT and asyncpg's reset included) is counted by kind, and the counts are written to
+  stderr as one ``QUERY_COUNTS {...}`` JSON line at shutdown.
+
+Run: ``python bench/toolgate_variants.py --port 8282 --tweaks no_access_log,no_pool_reset``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import sys
+from collections import Counter
+from typing import Any
+
+TWEAKS = (
+    "no_access_log",
+    "no_pool_reset",
+    "no_sealer_wake",
+    "count_queries",
+)
+
+
+def apply(tweaks: set[str]) -> None:
+    if "no_pool_reset" in tweaks:
+        import asyncpg
+
+        real_create_pool = asyncpg.create_pool
+
+        async def no_reset(conn: Any) -> None:
+            return None
+
+        def create_pool(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("reset", no_reset)
+            return real_create_pool(*args, **kwargs)
+
+        asyncpg.create_pool = create_pool
+    if "count_queries" in tweaks:
+        count_queries()
+    if "no_sealer_wake" in tweaks:
+        from app.audit import sealer
+
+        def no_wake(self: Any) -> None:
+            return None
+
+        sealer.Sealer.wake = no_wake  # type: ignore[method-assign]
+
+
+def _kind(sql: str) -> str:
+    """``INSERT calls``, ``SELECT executions``, ``BEGIN``, ``reset`` ... for one statement."""
+    text = " ".join(sql.split())
+    if "pg_advisory_unlock_all" in text or text.upper().startswith("RESET ALL"):
+        return "reset (asyncpg pool release)"
+    verb = text.split(" ", 1)[0].upper().rstrip(";") if text else "?"
+    if verb in ("BEGIN", "COMMIT", "ROLLBACK"):
+        return verb
+    table = re.search(r"\b(?:INTO|FROM|UPDATE)\s+([a-z_]+)", text, re.IGNORECASE)
+    return f"{verb} {table.group(1) if table else '...'}"
+
+
+def count_queries() -> None:
+    import asyncpg
+
+    counts: Counter[str] = Counter()
+    real_create_pool = asyncpg.create_pool
+
+    def create_pool(*args: Any, **kwargs: Any) -> Any:
+        user_init = kwargs.get("init")
+
+        async def init(conn: Any) -> None:
+            conn.add_query_logger(lambda query: counts.update([_kind(query.query)]))
+            if user_init is not None:
+                await user_init(conn)
+
+        kwargs["init"] = init
+        return real_create_pool(*args, **kwargs)
+
+    asyncpg.create_pool = create_pool
+
+    def dump() -> None:
+        print("QUERY_COUNTS " + json.dumps(dict(counts.most_common())), file=sys.stderr)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # uvicorn restores this handler after its graceful shutdown and re-raises SIGTERM.
+        dump()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tweaks", default="", help=f"comma-separated: {', '.join(TWEAKS)}")
+    ns = parser.parse_args()
+    tweaks = {t for t in ns.tweaks.split(",") if t}
+    unknown = tweaks - set(TWEAKS)
+    if unknown:
+        parser.error(f"unknown tweaks: {sorted(unknown)}")
+    apply(tweaks)
+    if "no_access_log" in tweaks:
+        import uvicorn
+
+        real_run = uvicorn.run
+
+        def run(*args: Any, **kwargs: Any) -> None:
+            kwargs["access_log"] = False
+            real_run(*args, **kwargs)
+
+        uvicorn.run = run
+    from app.cli import main as toolgate
+
+    return toolgate(["serve", "--host", ns.host, "--port", str(ns.port), "--workers", "1"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
