@@ -26,24 +26,42 @@ QUEUE_SIZE = 10_000
 WRITE_EVERY_S = 0.05
 
 
+Ids = tuple[str | None, str | None, int, int]
+"""``call_id``, ``run_id``, trace id and span id (0 when there is no span)."""
+
+
+def stamp(record: logging.LogRecord) -> Ids:
+    """The request's ids, attached to the record in the context where it was logged."""
+    ids: Ids | None = getattr(record, "toolgate_ids", None)
+    if ids is None:
+        fields = current_fields()
+        span = trace.get_current_span().get_span_context()
+        ids = (
+            fields.call_id if fields is not None else None,
+            fields.run_id if fields is not None else None,
+            span.trace_id if span.is_valid else 0,
+            span.span_id if span.is_valid else 0,
+        )
+        record.toolgate_ids = ids
+    return ids
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        call_id, run_id, trace_id, span_id = stamp(record)
         line: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
         }
-        fields = current_fields()
-        if fields is not None:
-            if fields.call_id is not None:
-                line["call_id"] = fields.call_id
-            if fields.run_id is not None:
-                line["run_id"] = fields.run_id
-        span = trace.get_current_span().get_span_context()
-        if span.is_valid:
-            line["trace_id"] = trace.format_trace_id(span.trace_id)
-            line["span_id"] = trace.format_span_id(span.span_id)
+        if call_id is not None:
+            line["call_id"] = call_id
+        if run_id is not None:
+            line["run_id"] = run_id
+        if trace_id:
+            line["trace_id"] = trace.format_trace_id(trace_id)
+            line["span_id"] = trace.format_span_id(span_id)
         extra = getattr(record, "fields", None)
         if isinstance(extra, dict):
             line.update((k, v) for k, v in extra.items() if v is not None)
@@ -65,7 +83,7 @@ class QueuedStream(logging.Handler):
         super().__init__()
         self.dropped = 0
         self._stream = stream if stream is not None else sys.stderr
-        self._lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._writer: threading.Thread | None = threading.Thread(
             target=self._write, name="toolgate-log-writer", daemon=True
@@ -81,15 +99,13 @@ class QueuedStream(logging.Handler):
         return True
 
     def emit(self, record: logging.LogRecord) -> None:
-        try:
-            line = self.format(record)
-        except Exception:
-            self.handleError(record)
-            return
+        """Stamp the ids and merge the message now; JSON is built by the writer, in batches."""
         if self._lines.qsize() >= QUEUE_SIZE:
             self.dropped += 1
             return
-        self._lines.put(line)
+        stamp(record)
+        record.msg, record.args = record.getMessage(), None
+        self._lines.put(record)
 
     def _write(self) -> None:
         while not self._stop.wait(WRITE_EVERY_S):
@@ -99,7 +115,11 @@ class QueuedStream(logging.Handler):
     def _drain(self) -> None:
         lines = []
         while not self._lines.empty():
-            lines.append(self._lines.get_nowait())
+            record = self._lines.get_nowait()
+            try:
+                lines.append(self.format(record))
+            except Exception:
+                self.handleError(record)
         if lines:
             try:
                 self._stream.write("\n".join(lines) + "\n")

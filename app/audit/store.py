@@ -48,6 +48,28 @@ async def append(conn: Connection, event: AuditEvent) -> None:
     await conn.execute(_INSERT, *(getattr(event, name) for name in _COLUMNS))
 
 
+_AFTER: dict[tuple[str, int], str] = {}
+
+
+async def append_after(
+    conn: Connection, changes: str, args: Sequence[Any], event: AuditEvent
+) -> bool:
+    """Apply ``changes`` — data-modifying CTEs, the first named ``change`` and ``RETURNING``
+    the rows it touched — and append ``event`` only if ``change`` touched a row, all in one
+    statement: atomic even outside a transaction, and one round trip instead of four."""
+    key = (changes, len(args))
+    sql = _AFTER.get(key)
+    if sql is None:
+        first = len(args) + 1
+        params = ", ".join(f"${i}" for i in range(first, first + len(_COLUMNS)))
+        sql = _AFTER[key] = (
+            f"WITH {changes} INSERT INTO audit_events ({', '.join(_COLUMNS)}) "
+            f"SELECT {params} WHERE EXISTS (SELECT 1 FROM change)"
+        )
+    status = await conn.execute(sql, *args, *(getattr(event, name) for name in _COLUMNS))
+    return bool(status.endswith(" 1"))
+
+
 async def of_call(conn: Connection, call_id: str) -> list[Record]:
     """One call's audit rows, oldest first (GET /calls/{id})."""
     return list(

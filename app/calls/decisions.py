@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +130,9 @@ async def decide_or_record_denial(
         return await authorize(state, attempt)
     except ToolgateError as error:
         if error.code in DENIALS:
-            await record_denial(state, attempt, call_id, existing, error, deny_call=True)
+            await record_denial(
+                state, attempt, call_id, error, new_call=existing is None, deny_call=True
+            )
         raise
 
 
@@ -137,16 +140,16 @@ async def record_denial(
     state: AppState,
     attempt: Attempt,
     call_id: str,
-    existing: CallRow | None,
     error: ToolgateError,
     *,
+    new_call: bool,
     deny_call: bool,
     event: str = "denied",
 ) -> None:
     """Store a denial with its audit row; ``deny_call`` also marks an existing call denied."""
     async with state.db.transaction() as conn:
         await write_denial(
-            conn, attempt, call_id, existing, error, deny_call=deny_call, event=event
+            conn, attempt, call_id, error, new_call=new_call, deny_call=deny_call, event=event
         )
 
 
@@ -154,16 +157,16 @@ async def write_denial(
     conn: Connection,
     attempt: Attempt,
     call_id: str,
-    existing: CallRow | None,
     error: ToolgateError,
     *,
+    new_call: bool,
     deny_call: bool,
     event: str = "denied",
 ) -> None:
     """``record_denial`` inside the caller's transaction. A new denied call still counts
     against its run: a loop of refused calls is a loop too."""
     error.extra["call_id"] = call_id
-    if existing is None:
+    if new_call:
         await store.insert(conn, attempt.row(call_id, None, error))
         if attempt.run_id is not None:
             await runs.count_denied(conn, attempt.run_id)
@@ -198,6 +201,12 @@ async def refund_run(conn: Connection, attempt: Attempt) -> None:
     """An execution that certainly never ran costs its run nothing."""
     if attempt.run_id is not None and attempt.tool is not None:
         await runs.refund(conn, attempt.run_id, attempt.tool.cost)
+
+
+def writing(state: AppState, attempt: Attempt) -> AbstractAsyncContextManager[Connection]:
+    """Where a call's outcome is written: a transaction when a run's counters must change
+    with it, else a plain connection for the single statement that writes call and audit."""
+    return state.db.transaction() if attempt.run_id is not None else state.db.connection()
 
 
 async def check_run(state: AppState, principal: Principal, run_id: str | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ from app.calls.decisions import (
     record_run_outcome,
     refund_run,
     write_denial,
+    writing,
 )
 from app.calls.models import CallRow, ExecuteBody, ExecutionRow
 from app.calls.policy import Decision, PreparedCall
@@ -81,9 +83,6 @@ async def execute(
     assert call is not None
     assert tool is not None
     principal = attempt.principal
-    record = await _record(state, attempt, key)
-    if record is not None and record.state in FINISHED:
-        return await _replay(state, attempt, record)
     lock = hashlib.sha256(f"{principal.tenant}\0{principal.sub}\0{key}".encode()).hexdigest()
     async with state.locks.hold(f"idem:{lock}", tool.provider.timeout_s + LOCK_MARGIN_S) as held:
         if not held:
@@ -152,14 +151,13 @@ async def _first_call(
         if existing is not None and existing.fingerprint != call.fingerprint:
             raise InvalidRequest("call_id names a call with another tool, target or arguments")
     except ToolgateError as error:
-        denied_call = call_id or new_id("call")
         if error.status in (403, 409):
             await record_denial(
                 state,
                 attempt,
-                denied_call,
-                existing,
+                call_id or new_id("call"),
                 error,
+                new_call=call_id is None,
                 deny_call=False,
                 event="expired" if error.code == "approval_expired" else "denied",
             )
@@ -186,13 +184,14 @@ async def _first_call(
     async with state.db.transaction() as conn:
         refusal = await admit_to_run(conn, attempt, new_call=new_call, cost=tool.cost)
         if refusal is not None:
-            await write_denial(
-                conn, attempt, call_id, None if new_call else existing, refusal, deny_call=False
-            )
+            await write_denial(conn, attempt, call_id, refusal, new_call=new_call, deny_call=False)
         else:
             if new_call:
-                await store.insert(conn, attempt.row(call_id, decision, None))
-            await store.set_state(conn, call_id, "executing")
+                await store.insert(
+                    conn, replace(attempt.row(call_id, decision, None), state="executing")
+                )
+            else:
+                await store.set_state(conn, call_id, "executing")
             if not await store.claim(conn, execution):
                 raise IdempotencyInFlight("the original request with this key is still running")
             if approval is not None and not await approvals.consume(
@@ -343,32 +342,31 @@ async def _store_outcome(
     answer = result_body(
         tool, record.call_id, record.operation_id, status, response.status, response.body
     )
-    async with state.db.transaction() as conn:
-        if not await store.finish(conn, record.operation_id, status, response.status, answer):
+    audit = attempt.event(
+        event,
+        record.call_id,
+        decision="allow",
+        approval_id=record.approval_id,
+        authorized_by=attempt.authorized_by(),
+        outcome={
+            "status": status,
+            "provider_status": response.status,
+            "operation_id": record.operation_id,
+        },
+        provider_ms=response.elapsed_ms,
+    )
+    async with writing(state, attempt) as conn:
+        if await store.finish(conn, record.operation_id, status, response.status, answer, audit):
+            await record_run_outcome(conn, attempt, status, answer["result"])
+            finished = None
+        else:  # another worker (whose lock had lapsed) recorded the outcome first
             finished = await store.get_execution(
                 conn, record.tenant, record.actor, record.idempotency_key
             )
-            if finished is None or finished.response is None:
-                raise _timeout(record)
-            return {**finished.response, "replayed": True}, {"Idempotent-Replayed": "true"}
-        await store.set_state(conn, record.call_id, status)
-        await record_run_outcome(conn, attempt, status, answer["result"])
-        await append(
-            conn,
-            attempt.event(
-                event,
-                record.call_id,
-                decision="allow",
-                approval_id=record.approval_id,
-                authorized_by=attempt.authorized_by(),
-                outcome={
-                    "status": status,
-                    "provider_status": response.status,
-                    "operation_id": record.operation_id,
-                },
-                provider_ms=response.elapsed_ms,
-            ),
-        )
+    if finished is not None:
+        if finished.response is None:
+            raise _timeout(record)
+        return {**finished.response, "replayed": True}, {"Idempotent-Replayed": "true"}
     telemetry.executed(record.tool, record.call_id, status)
     return answer, {}
 
@@ -402,29 +400,31 @@ async def _mark_unknown(
     attempt: Attempt | None = None,
     provider_status: int | None = None,
 ) -> None:
+    """The provider may have acted: keep the record open as ``unknown`` for reconciliation.
+    With ``attempt``, this is news (a first send's outcome) and is audited and counted."""
+    event = None
+    if attempt is not None:
+        event = attempt.event(
+            "failed",
+            record.call_id,
+            decision="allow",
+            code="provider_timeout",
+            reason="outcome unknown until reconciled",
+            approval_id=record.approval_id,
+            outcome={
+                "status": "unknown",
+                "provider_status": provider_status,
+                "operation_id": record.operation_id,
+            },
+        )
     async with state.db.transaction() as conn:
-        changed = await store.finish(conn, record.operation_id, "unknown", provider_status, None)
-        if changed:
-            await store.set_state(conn, record.call_id, "unknown")
-            telemetry.executed(record.tool, record.call_id, "unknown")
+        changed = await store.finish(
+            conn, record.operation_id, "unknown", provider_status, None, event
+        )
         if changed and attempt is not None:
             await record_run_outcome(conn, attempt, "unknown", None)
-            await append(
-                conn,
-                attempt.event(
-                    "failed",
-                    record.call_id,
-                    decision="allow",
-                    code="provider_timeout",
-                    reason="outcome unknown until reconciled",
-                    approval_id=record.approval_id,
-                    outcome={
-                        "status": "unknown",
-                        "provider_status": provider_status,
-                        "operation_id": record.operation_id,
-                    },
-                ),
-            )
+    if changed:
+        telemetry.executed(record.tool, record.call_id, "unknown")
 
 
 def _timeout(record: ExecutionRow) -> ToolgateError:

@@ -24,6 +24,7 @@ from app.calls.decisions import (
     record_run_outcome,
     visible_call,
     write_denial,
+    writing,
 )
 from app.calls.models import CallRow, DryRunBody, DryRunRow, ExecuteBody, ProposeBody
 from app.calls.policy import Decision
@@ -52,26 +53,21 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
     row = attempt.row(call_id, decision, None)
     if decision.next == "approval":
         row = replace(row, state="awaiting_approval")
-    async with state.db.transaction() as conn:
+    event = attempt.event(
+        "proposed",
+        call_id,
+        decision="allow",
+        reason=f"next: {decision.next}",
+        authorized_by=row.authorized_by,
+    )
+    async with writing(state, attempt) as conn:
         refusal = await admit_to_run(conn, attempt, new_call=True, cost=0.0)
         if refusal is not None:
-            await write_denial(conn, attempt, call_id, None, refusal, deny_call=False)
-            raise_after = refusal
+            await write_denial(conn, attempt, call_id, refusal, new_call=True, deny_call=False)
         else:
-            raise_after = None
-            await store.insert(conn, row)
-            await append(
-                conn,
-                attempt.event(
-                    "proposed",
-                    call_id,
-                    decision="allow",
-                    reason=f"next: {decision.next}",
-                    authorized_by=row.authorized_by,
-                ),
-            )
-    if raise_after is not None:
-        raise raise_after
+            await store.insert_with_audit(conn, row, event)
+    if refusal is not None:
+        raise refusal
     telemetry.decided(attempt, call_id)
     return {
         "call_id": call_id,
@@ -137,7 +133,9 @@ async def _read(
         async with state.db.transaction() as conn:
             refusal = await admit_to_run(conn, attempt, new_call=existing is None, cost=tool.cost)
             if refusal is not None:
-                await write_denial(conn, attempt, call_id, existing, refusal, deny_call=False)
+                await write_denial(
+                    conn, attempt, call_id, refusal, new_call=existing is None, deny_call=False
+                )
         if refusal is not None:
             raise refusal
     try:
@@ -177,26 +175,23 @@ async def _record_read(
     call = attempt.call
     assert call is not None
     row = replace(attempt.row(call_id, decision, None), state=status)
-    async with state.db.transaction() as conn:
+    event = attempt.event(
+        "executed" if status == "succeeded" else "failed",
+        call_id,
+        decision="allow",
+        authorized_by=row.authorized_by,
+        outcome={
+            "status": status,
+            "provider_status": answer["provider_status"] if answer else None,
+        },
+        provider_ms=provider_ms,
+    )
+    async with writing(state, attempt) as conn:
         if existing is None:
-            await store.insert(conn, row)
+            await store.insert_with_audit(conn, row, event)
         else:
-            await store.set_state(conn, call_id, status)
+            await store.set_state_with_audit(conn, call_id, status, event)
         await record_run_outcome(conn, attempt, status, answer["result"] if answer else None)
-        await append(
-            conn,
-            attempt.event(
-                "executed" if status == "succeeded" else "failed",
-                call_id,
-                decision="allow",
-                authorized_by=row.authorized_by,
-                outcome={
-                    "status": status,
-                    "provider_status": answer["provider_status"] if answer else None,
-                },
-                provider_ms=provider_ms,
-            ),
-        )
     telemetry.decided(attempt, call_id)
     telemetry.executed(attempt.tool_name, call_id, status)
 

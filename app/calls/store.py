@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from app.audit.store import AuditEvent, append_after
 from app.calls.models import CallRow, DryRunRow, ExecutionRow
 from app.db import Connection
 
@@ -21,6 +22,7 @@ def _insert_sql(table: str, row_type: type) -> tuple[str, list[str]]:
 _CALL_INSERT, _CALL_COLUMNS = _insert_sql("calls", CallRow)
 _DRY_RUN_INSERT, _DRY_RUN_COLUMNS = _insert_sql("dry_runs", DryRunRow)
 _CLAIM, _EXECUTION_COLUMNS = _insert_sql("executions", ExecutionRow)
+_CLAIM_NEW = _CLAIM + " ON CONFLICT (tenant, actor, idempotency_key) DO NOTHING"
 
 
 def _values(row: Any, columns: list[str]) -> list[Any]:
@@ -34,6 +36,24 @@ async def insert(conn: Connection, call: CallRow) -> None:
 async def get(conn: Connection, call_id: str) -> CallRow | None:
     row = await conn.fetchrow("SELECT * FROM calls WHERE id = $1", call_id)
     return CallRow(**dict(row)) if row else None
+
+
+async def insert_with_audit(conn: Connection, call: CallRow, event: AuditEvent) -> None:
+    """The call and its audit row in one statement."""
+    await append_after(
+        conn, f"change AS ({_CALL_INSERT} RETURNING 1)", _values(call, _CALL_COLUMNS), event
+    )
+
+
+async def set_state_with_audit(
+    conn: Connection, call_id: str, state: str, event: AuditEvent
+) -> None:
+    await append_after(
+        conn,
+        "change AS (UPDATE calls SET state = $2, updated_at = now() WHERE id = $1 RETURNING 1)",
+        (call_id, state),
+        event,
+    )
 
 
 async def set_state(conn: Connection, call_id: str, state: str) -> None:
@@ -87,8 +107,12 @@ async def get_execution(conn: Connection, tenant: str, actor: str, key: str) -> 
 
 
 async def claim(conn: Connection, execution: ExecutionRow) -> bool:
-    """Claim the key for a first call; ``False`` when another request holds it."""
-    await conn.execute(
+    """Claim the key for a first call; ``False`` when another request holds it. A finished
+    record past its retention gives way."""
+    values = _values(execution, _EXECUTION_COLUMNS)
+    if (await conn.execute(_CLAIM_NEW, *values)).endswith(" 1"):
+        return True
+    expired = await conn.execute(
         """
         DELETE FROM executions
         WHERE tenant = $1 AND actor = $2 AND idempotency_key = $3
@@ -98,11 +122,20 @@ async def claim(conn: Connection, execution: ExecutionRow) -> bool:
         execution.actor,
         execution.idempotency_key,
     )
-    status = await conn.execute(
-        _CLAIM + " ON CONFLICT (tenant, actor, idempotency_key) DO NOTHING",
-        *_values(execution, _EXECUTION_COLUMNS),
+    return bool(expired.endswith(" 1") and (await conn.execute(_CLAIM_NEW, *values)).endswith(" 1"))
+
+
+_FINISH = """
+    change AS (
+        UPDATE executions
+        SET state = $2, provider_status = $3, response = $4, updated_at = now()
+        WHERE operation_id = $1 AND state IN ('in_flight', 'unknown')
+        RETURNING call_id
+    ),
+    moved AS (
+        UPDATE calls SET state = $2, updated_at = now() WHERE id IN (SELECT call_id FROM change)
     )
-    return bool(status.endswith(" 1"))
+"""
 
 
 async def finish(
@@ -111,20 +144,14 @@ async def finish(
     state: str,
     provider_status: int | None,
     response: dict[str, Any] | None,
+    event: AuditEvent | None,
 ) -> bool:
-    """Record an outcome; only an open record (in flight or unknown) may change."""
-    status = await conn.execute(
-        """
-        UPDATE executions
-        SET state = $2, provider_status = $3, response = $4, updated_at = now()
-        WHERE operation_id = $1 AND state IN ('in_flight', 'unknown')
-        """,
-        operation_id,
-        state,
-        provider_status,
-        response,
-    )
-    return bool(status.endswith(" 1"))
+    """Record an outcome on the execution and its call, with ``event`` when given, in one
+    statement; only an open record (in flight or unknown) may change."""
+    args = (operation_id, state, provider_status, response)
+    if event is not None:
+        return await append_after(conn, _FINISH, args, event)
+    return bool(await conn.fetchval(f"WITH {_FINISH} SELECT count(*) FROM change", *args))
 
 
 async def release(conn: Connection, operation_id: str) -> None:
