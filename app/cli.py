@@ -140,6 +140,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         http="httptools",
         log_level="info",
         log_config=log_config(),
+        access_log=False,  # one JSON line per decision and outcome says more, for less
     )
     return 0
 

@@ -2,9 +2,11 @@
 
 Each line has ``time``, ``level``, ``logger`` and ``message``, plus ``call_id``, ``run_id``,
 ``trace_id`` and ``span_id`` when the request knows them, and the ``fields`` a caller passed
-as ``extra={"fields": {...}}``. Lines are formatted where they are logged (so the request's
-context is at hand) and written by a background thread: the event loop never blocks on
-stderr. ``toolgate serve`` installs this through uvicorn's ``log_config``.
+as ``extra={"fields": {...}}``. The ids are taken where a line is logged (the request's
+context is at hand there); a background thread builds the JSON and writes it, so the event
+loop never blocks on stderr. ``toolgate serve`` installs this through uvicorn's
+``log_config``. Lines logged in the last ``WRITE_EVERY_S`` before a SIGTERM may be lost: uvicorn
+re-raises the signal once it has stopped, so ``atexit`` does not run.
 """
 
 from __future__ import annotations
@@ -71,16 +73,20 @@ class JsonFormatter(logging.Formatter):
 
 
 class QueuedStream(logging.Handler):
-    """Formats where a record is logged; a background thread writes what has queued up.
+    """Stamps a record's ids where it is logged; a background thread formats and writes.
 
     The writer wakes every ``WRITE_EVERY_S`` rather than on each line: waking a thread per
-    line cost more CPU (GIL hand-offs) than formatting it. The queue holds at most
+    line cost more CPU (GIL hand-offs) than the line itself, and formatting in batches is
+    cheaper than one by one between requests. The queue holds at most
     ``QUEUE_SIZE`` lines; if the stream stalls that long, newer lines are dropped (and
     counted in ``dropped``) rather than blocking the event loop or growing without bound.
     """
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         super().__init__()
+        # No line shows where it was logged from: skip finding out for every record (Logging
+        # HOWTO, "Optimization"). Set here, as this handler is configured in each worker.
+        logging._srcfile = None
         self.dropped = 0
         self._stream = stream if stream is not None else sys.stderr
         self._lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
@@ -92,7 +98,7 @@ class QueuedStream(logging.Handler):
         atexit.register(self.close)
 
     def handle(self, record: logging.LogRecord) -> bool:
-        """Without the handler lock: formatting is thread-safe and so is the queue."""
+        """Without the handler lock: stamping needs none and the queue is thread-safe."""
         if not self.filter(record):
             return False
         self.emit(record)
@@ -103,8 +109,12 @@ class QueuedStream(logging.Handler):
         if self._lines.qsize() >= QUEUE_SIZE:
             self.dropped += 1
             return
-        stamp(record)
-        record.msg, record.args = record.getMessage(), None
+        try:
+            stamp(record)
+            record.msg, record.args = record.getMessage(), None
+        except Exception:
+            self.handleError(record)
+            return
         self._lines.put(record)
 
     def _write(self) -> None:

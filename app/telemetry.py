@@ -31,7 +31,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from app import metrics
 
@@ -205,8 +205,9 @@ class ProviderCall:
             time.perf_counter() - self._started
         )
         if exc_type is not None:
+            # The class only: transport messages can quote the URL, arguments included.
             self._span.set_attribute("error.type", exc_type.__qualname__)
-            self._span.set_status(Status(StatusCode.ERROR, str(exc)))
+            self._span.set_status(StatusCode.ERROR)
         self._span.end()
 
 

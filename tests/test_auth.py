@@ -358,3 +358,18 @@ async def test_a_jwks_kid_does_not_vouch_for_another_key_or_algorithm(
     await refused(verifier, hmac_signed(claims(), jwk_json, kid="A"))
     await refused(verifier, unsigned(claims()))
     assert jwks.hits == 1
+
+
+async def test_a_remembered_token_stops_working_when_it_expires(
+    client: httpx.AsyncClient, providers: Providers
+) -> None:
+    token = hs256(claims(exp=int(time.time()) + 2))
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"tool": "get_order", "arguments": {"order_id": "ord_1"}}
+    assert (await client.post("/propose", json=body, headers=headers)).status_code == 200
+    assert (await client.post("/propose", json=body, headers=headers)).status_code == 200
+    await asyncio.sleep(
+        max(0.0, jwt.decode(token, SECRET, algorithms=["HS256"])["exp"] - time.time()) + 1.1
+    )
+    expired = await client.post("/propose", json=body, headers=headers)
+    assert (expired.status_code, expired.json()["code"]) == (401, "unauthenticated")
