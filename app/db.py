@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import asyncpg
 import orjson
@@ -100,6 +101,24 @@ class Database:
                 return bool(await conn.fetchval("SELECT 1"))
         except Unavailable:
             return False
+
+
+@dataclass(frozen=True)
+class Insert:
+    """The INSERT of a row dataclass: every field but those the database fills in."""
+
+    sql: str
+    columns: tuple[str, ...]
+
+    @classmethod
+    def of(cls, table: str, row_type: type, generated: Iterable[str] = ()) -> Insert:
+        skip = set(generated)
+        columns = tuple(f.name for f in fields(row_type) if f.name not in skip)
+        placeholders = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
+        return cls(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})", columns)
+
+    def values(self, row: Any) -> list[Any]:
+        return [getattr(row, name) for name in self.columns]
 
 
 def migration_files() -> list[tuple[str, Path]]:

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
 from app.approvals.models import ApprovalRow
-from app.db import Connection
+from app.db import Connection, Insert
 
-_COLUMNS = [f.name for f in fields(ApprovalRow) if f.name not in ("created_at",)]
-_INSERT = (
-    f"INSERT INTO approvals ({', '.join(_COLUMNS)}) "
-    f"VALUES ({', '.join(f'${i}' for i in range(1, len(_COLUMNS) + 1))})"
-)
+_INSERT = Insert.of("approvals", ApprovalRow, ["created_at"])
 
 
 async def insert(conn: Connection, approval: ApprovalRow) -> None:
-    await conn.execute(_INSERT, *(getattr(approval, name) for name in _COLUMNS))
+    await conn.execute(_INSERT.sql, *_INSERT.values(approval))
 
 
 async def get(conn: Connection, approval_id: str) -> ApprovalRow | None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
 from app.audit.models import AuditFilter, AuditRow, ChainHead, Gap, Seal
-from app.db import Connection, Record
+from app.db import Connection, Insert, Record
 
 
 @dataclass(frozen=True)
@@ -37,15 +37,12 @@ class AuditEvent:
     provider_ms: float | None = None
 
 
-_COLUMNS = [f.name for f in fields(AuditEvent)]
-_INSERT = (
-    f"INSERT INTO audit_events ({', '.join(_COLUMNS)}) "
-    f"VALUES ({', '.join(f'${i}' for i in range(1, len(_COLUMNS) + 1))})"
-)
+_INSERT = Insert.of("audit_events", AuditEvent)
+_COLUMNS = _INSERT.columns
 
 
 async def append(conn: Connection, event: AuditEvent) -> None:
-    await conn.execute(_INSERT, *(getattr(event, name) for name in _COLUMNS))
+    await conn.execute(_INSERT.sql, *_INSERT.values(event))
 
 
 _AFTER: dict[tuple[str, int], str] = {}
@@ -66,7 +63,7 @@ async def append_after(
             f"WITH {changes} INSERT INTO audit_events ({', '.join(_COLUMNS)}) "
             f"SELECT {params} WHERE EXISTS (SELECT 1 FROM change)"
         )
-    status = await conn.execute(sql, *args, *(getattr(event, name) for name in _COLUMNS))
+    status = await conn.execute(sql, *args, *_INSERT.values(event))
     return bool(status.endswith(" 1"))
 
 

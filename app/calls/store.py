@@ -3,34 +3,21 @@ the use case owns the transaction."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from app.audit.store import AuditEvent, append_after
 from app.calls.models import CallRow, DryRunRow, ExecutionRow
-from app.db import Connection
+from app.db import Connection, Insert
 
-_GENERATED = {"created_at", "updated_at"}
-
-
-def _insert_sql(table: str, row_type: type) -> tuple[str, list[str]]:
-    columns = [f.name for f in fields(row_type) if f.name not in _GENERATED]
-    placeholders = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})", columns
-
-
-_CALL_INSERT, _CALL_COLUMNS = _insert_sql("calls", CallRow)
-_DRY_RUN_INSERT, _DRY_RUN_COLUMNS = _insert_sql("dry_runs", DryRunRow)
-_CLAIM, _EXECUTION_COLUMNS = _insert_sql("executions", ExecutionRow)
-_CLAIM_NEW = _CLAIM + " ON CONFLICT (tenant, actor, idempotency_key) DO NOTHING"
-
-
-def _values(row: Any, columns: list[str]) -> list[Any]:
-    return [getattr(row, name) for name in columns]
+_GENERATED = ("created_at", "updated_at")
+_CALL = Insert.of("calls", CallRow, _GENERATED)
+_DRY_RUN = Insert.of("dry_runs", DryRunRow, _GENERATED)
+_EXECUTION = Insert.of("executions", ExecutionRow, _GENERATED)
+_CLAIM_NEW = _EXECUTION.sql + " ON CONFLICT (tenant, actor, idempotency_key) DO NOTHING"
 
 
 async def insert(conn: Connection, call: CallRow) -> None:
-    await conn.execute(_CALL_INSERT, *_values(call, _CALL_COLUMNS))
+    await conn.execute(_CALL.sql, *_CALL.values(call))
 
 
 async def get(conn: Connection, call_id: str) -> CallRow | None:
@@ -40,9 +27,7 @@ async def get(conn: Connection, call_id: str) -> CallRow | None:
 
 async def insert_with_audit(conn: Connection, call: CallRow, event: AuditEvent) -> None:
     """The call and its audit row in one statement."""
-    await append_after(
-        conn, f"change AS ({_CALL_INSERT} RETURNING 1)", _values(call, _CALL_COLUMNS), event
-    )
+    await append_after(conn, f"change AS ({_CALL.sql} RETURNING 1)", _CALL.values(call), event)
 
 
 async def set_state_with_audit(
@@ -63,7 +48,7 @@ async def set_state(conn: Connection, call_id: str, state: str) -> None:
 
 
 async def insert_dry_run(conn: Connection, dry_run: DryRunRow) -> None:
-    await conn.execute(_DRY_RUN_INSERT, *_values(dry_run, _DRY_RUN_COLUMNS))
+    await conn.execute(_DRY_RUN.sql, *_DRY_RUN.values(dry_run))
 
 
 async def latest_dry_run(conn: Connection, call_id: str) -> DryRunRow | None:
@@ -109,7 +94,7 @@ async def get_execution(conn: Connection, tenant: str, actor: str, key: str) -> 
 async def claim(conn: Connection, execution: ExecutionRow) -> bool:
     """Claim the key for a first call; ``False`` when another request holds it. A finished
     record past its retention gives way."""
-    values = _values(execution, _EXECUTION_COLUMNS)
+    values = _EXECUTION.values(execution)
     if (await conn.execute(_CLAIM_NEW, *values)).endswith(" 1"):
         return True
     expired = await conn.execute(

@@ -3,24 +3,16 @@ parallel calls."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
-from app.db import Connection
+from app.db import Connection, Insert
 from app.runs.models import RunRow
 
-_WRITTEN = [
-    f.name
-    for f in fields(RunRow)
-    if f.name not in ("calls", "cost", "failures", "created_at", "updated_at", "finished_at")
-]
-_INSERT = (
-    f"INSERT INTO runs ({', '.join(_WRITTEN)}) "
-    f"VALUES ({', '.join(f'${i}' for i in range(1, len(_WRITTEN) + 1))})"
+_INSERT = Insert.of(
+    "runs", RunRow, ["calls", "cost", "failures", "created_at", "updated_at", "finished_at"]
 )
 
 
 async def insert(conn: Connection, run: RunRow) -> None:
-    await conn.execute(_INSERT, *(getattr(run, name) for name in _WRITTEN))
+    await conn.execute(_INSERT.sql, *_INSERT.values(run))
 
 
 async def get(conn: Connection, run_id: str) -> RunRow | None:
