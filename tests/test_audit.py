@@ -230,6 +230,10 @@ async def test_other_roles_are_refused_and_anonymous_callers_unauthenticated(
     assert response.status_code == 200
 
 
+def unsealed(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k not in ("hash", "prev_hash")}
+
+
 async def test_export_streams_the_same_items_as_ndjson_across_pages(
     client: httpx.AsyncClient,
     auth: Auth,

@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import telemetry
@@ -154,6 +154,44 @@ async def test_an_incoming_traceparent_is_continued_to_the_provider(
     sent = provider_header(await providers.requests(), "/billing/orders/ord_1")
     assert sent.split("-")[1] == CALLER_TRACE
     assert sent == traceparent(named(spans, "execute_tool get_order"))
+
+
+async def test_a_provider_error_marks_its_span_and_counts_a_failed_execution(
+    client: httpx.AsyncClient, auth: Auth, providers: Providers, spans: InMemorySpanExporter
+) -> None:
+    before = await scrape(client)
+    await providers.fault("/billing/orders/ord_1", "status_500")
+    response = await client.post("/execute", json=GET_ORDER, headers=auth())
+    assert response.status_code == 504
+    span = named(spans, "execute_tool get_order")
+    assert span.status.status_code is StatusCode.ERROR
+    assert (
+        dict(span.attributes or {}).items()
+        >= {
+            "error.type": "500",
+            "http.response.status_code": 500,
+        }.items()
+    )
+    after = await scrape(client)
+    executions = "toolgate_executions_total"
+    assert delta(before, after, executions, tool="get_order", status="failed") == 1
+    assert delta(before, after, executions, tool="get_order", status="succeeded") == 0
+
+
+async def test_a_provider_timeout_names_the_transport_error_on_the_span(
+    client: httpx.AsyncClient, auth: Auth, providers: Providers, spans: InMemorySpanExporter
+) -> None:
+    await providers.fault("/billing/orders/ord_1", "stall_before_effect", seconds=2)
+    response = await client.post("/execute", json=GET_ORDER, headers=auth())
+    assert response.status_code == 504
+    span = named(spans, "execute_tool get_order")
+    assert span.status.status_code is StatusCode.ERROR
+    attributes = dict(span.attributes or {})
+    assert attributes["error.type"] == "Uncertain"
+    assert "http.response.status_code" not in attributes
+    server = named(spans, "POST /execute")
+    assert server.status.status_code is StatusCode.ERROR
+    assert dict(server.attributes or {})["error.type"] == "504"
 
 
 async def test_a_dry_run_has_its_own_clearly_named_span(
