@@ -382,3 +382,28 @@ async def test_a_redirect_is_never_followed(flow: Flow, providers: Providers) ->
     response = await flow.execute("create_ticket", {"subject": "s", "body": "b"}, new_key())
     assert (response.status_code, response.json()["code"]) == (504, "provider_timeout")
     assert [r["path"] for r in await providers.requests()] == ["/support/tickets"]
+
+
+async def test_the_inbox_filters_by_status(flow: Flow, db: asyncpg.Connection) -> None:
+    bob = flow.auth("bob", roles="finance_approver")
+
+    async def inbox(status: str) -> list[str]:
+        response = await flow.client.get(f"/approvals?status={status}", headers=bob)
+        assert response.status_code == 200, response.text
+        return [item["call_id"] for item in response.json()["items"]]
+
+    approved, _ = await flow.approved_refund()
+    rejected = await flow.propose("issue_refund", refund_args(120.0))
+    preview = await flow.dry_run(rejected["call_id"])
+    await flow.approve(rejected["call_id"], preview["snapshot_hash"], decision="reject")
+    pending = await flow.propose("issue_refund", refund_args(130.0))
+    await flow.dry_run(pending["call_id"])
+    assert await inbox("pending") == [pending["call_id"]]
+    assert await inbox("approved") == [approved["call_id"]]
+    assert await inbox("rejected") == [rejected["call_id"]]
+    assert await inbox("expired") == []
+    await db.execute("UPDATE approvals SET expires_at = now() - interval '1 second'")
+    assert await inbox("expired") == [approved["call_id"]]
+    assert await inbox("approved") == []
+    outsider = await flow.client.get("/approvals", headers=flow.auth("dave", roles="customer"))
+    assert outsider.json()["items"] == []
