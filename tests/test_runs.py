@@ -37,6 +37,12 @@ async def propose(flow: Flow, run_id: str, order: str = "ord_1") -> httpx.Respon
     )
 
 
+async def test_a_run_needs_no_body(flow: Flow) -> None:
+    response = await flow.client.post("/runs", headers=flow.auth())
+    assert response.status_code == 200, response.text
+    assert response.json()["limits"]["max_calls"] == 200
+
+
 async def test_requested_limits_are_capped_by_the_server(flow: Flow) -> None:
     response = await flow.post("/runs", {"limits": {"max_calls": 10**6, "max_cost": 2.5}})
     limits = response.json()["limits"]

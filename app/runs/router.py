@@ -13,8 +13,9 @@ router = APIRouter()
 
 
 @router.post("/runs")
-async def create(body: RunBody, principal: CurrentPrincipal, state: State) -> JSON:
-    return JSON(await service.create(state, principal, body))
+async def create(principal: CurrentPrincipal, state: State, body: RunBody | None = None) -> JSON:
+    """The body is optional: a run with no task and the server's limits."""
+    return JSON(await service.create(state, principal, body or RunBody()))
 
 
 @router.get("/runs/{run_id}")
