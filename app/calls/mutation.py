@@ -18,9 +18,9 @@ from typing import Any
 
 from app import telemetry
 from app.approvals import store as approvals
-from app.approvals.models import ApprovalRow, Binding
+from app.approvals.models import ApprovalRow
 from app.audit.store import append
-from app.calls import store
+from app.calls import gates, store
 from app.calls.decisions import (
     Attempt,
     admit_to_run,
@@ -31,15 +31,10 @@ from app.calls.decisions import (
     writing,
 )
 from app.calls.models import CallRow, ExecuteBody, ExecutionRow
-from app.calls.policy import Decision, PreparedCall
+from app.calls.policy import Decision
 from app.calls.results import classify, result_body
 from app.errors import (
     ApprovalConsumed,
-    ApprovalExpired,
-    ApprovalMismatch,
-    ApprovalRejected,
-    ApprovalRequired,
-    DryRunRequired,
     IdempotencyInFlight,
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
@@ -144,10 +139,10 @@ async def _first_call(
     approval: ApprovalRow | None = None
     try:
         if decision.impact == "high":
-            approval = await _valid_approval(state, attempt, body)
+            approval = await gates.valid_approval(state, attempt, body)
             call_id = call_id or approval.call_id
         elif tool.require_dry_run:
-            await _require_dry_run(state, attempt, body.dry_run_id)
+            await gates.require_dry_run(state, attempt, body.dry_run_id)
         if existing is not None and existing.fingerprint != call.fingerprint:
             raise InvalidRequest("call_id names a call with another tool, target or arguments")
     except ToolgateError as error:
@@ -202,59 +197,6 @@ async def _first_call(
         raise refusal
     telemetry.decided(attempt, call_id)
     return await _send(state, attempt, execution, resumed=False)
-
-
-async def _valid_approval(state: AppState, attempt: Attempt, body: ExecuteBody) -> ApprovalRow:
-    """The named approval, if it is approved, unexpired, unused and bound to this request."""
-    call, principal = attempt.call, attempt.principal
-    assert call is not None
-    if body.approval_id is None:
-        raise ApprovalRequired("this call is high impact and needs an approval_id")
-    async with state.db.connection() as conn:
-        approval = await approvals.get(conn, body.approval_id)
-        dry_run = await store.dry_run_for(
-            conn, principal.tenant, principal.sub, call.fingerprint, body.dry_run_id
-        )
-    if approval is None or approval.tenant != principal.tenant:
-        raise ApprovalRequired("no such approval")
-    if approval.decision == "reject":
-        raise ApprovalRejected("the approver rejected this call")
-    if approval.expires_at <= datetime.now(UTC):
-        raise ApprovalExpired("the approval has expired")
-    mismatch = approval.binding.differences(_binding(attempt, call, dry_run))
-    if mismatch:
-        raise ApprovalMismatch(
-            "the approval was given for something else: " + ", ".join(mismatch),
-            mismatch=mismatch,
-        )
-    if approval.consumed_by is not None:
-        raise ApprovalConsumed("the approval was used by another execution")
-    return approval
-
-
-def _binding(attempt: Attempt, call: PreparedCall, dry_run: Any) -> Binding:
-    tool = call.tool
-    snapshot_hash = dry_run.snapshot_hash if tool.dry_run and dry_run is not None else None
-    return Binding(
-        actor=attempt.principal.sub,
-        tenant=attempt.principal.tenant,
-        tool=tool.name,
-        target=call.target.as_dict() if call.target else None,
-        policy_version=attempt.catalog.policy_version,
-        fingerprint=call.fingerprint,
-        snapshot_hash=snapshot_hash,
-    )
-
-
-async def _require_dry_run(state: AppState, attempt: Attempt, dry_run_id: str | None) -> None:
-    call, principal = attempt.call, attempt.principal
-    assert call is not None
-    async with state.db.connection() as conn:
-        dry_run = await store.dry_run_for(
-            conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
-        )
-    if dry_run is None or dry_run.expires_at <= datetime.now(UTC):
-        raise DryRunRequired("this call needs an unexpired dry-run of the same arguments")
 
 
 async def _resume(state: AppState, attempt: Attempt, record: ExecutionRow) -> Answer:
