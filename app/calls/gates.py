@@ -4,13 +4,12 @@ unexpired, unused and bound to exactly this request, or an unexpired dry-run of 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from app.approvals import store as approvals
 from app.approvals.models import ApprovalRow, Binding
 from app.calls import store
 from app.calls.decisions import Attempt
-from app.calls.models import ExecuteBody
+from app.calls.models import DryRunRow, ExecuteBody
 from app.calls.policy import PreparedCall
 from app.errors import (
     ApprovalConsumed,
@@ -51,7 +50,7 @@ async def valid_approval(state: AppState, attempt: Attempt, body: ExecuteBody) -
     return approval
 
 
-def binding(attempt: Attempt, call: PreparedCall, dry_run: Any) -> Binding:
+def binding(attempt: Attempt, call: PreparedCall, dry_run: DryRunRow | None) -> Binding:
     tool = call.tool
     snapshot_hash = dry_run.snapshot_hash if tool.dry_run and dry_run is not None else None
     return Binding(
