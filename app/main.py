@@ -7,6 +7,7 @@ catalog, unusable keys, an unreachable or unmigrated database.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -37,6 +38,9 @@ from app.settings import ConfigError, Settings
 from app.state import AppState
 
 PURGE_EVERY_S = 60.0
+GC_THRESHOLD = 20_000
+"""Young-generation collections after this many allocations (CPython's default: 700); a
+request allocates thousands of short-lived objects, and most die before any collection."""
 log = logging.getLogger("toolgate")
 
 
@@ -100,6 +104,8 @@ async def reload_catalog(state: AppState) -> None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state = await open_state(app.state.settings)
     app.state.toolgate = state
+    gc.freeze()  # start-up objects (catalog, schemas, modules) are never collected again
+    gc.set_threshold(GC_THRESHOLD)
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = {asyncio.create_task(purge_expired_records(state))}
     tasks.add(audit_sealer.start(app, state.db))
