@@ -10,16 +10,14 @@ hash. Editing any field, or the link, changes it.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-import rfc8785
-
 from app.audit.models import AuditRow, Broken, ChainHead, Gap, Seal
+from app.canonical import digest
 
 GENESIS = "sha256:" + "0" * 64
 _SAFE_INT = 2**53 - 1
@@ -85,7 +83,7 @@ def row_hash(row: AuditRow, prev_hash: str) -> str:
     document = item(row)
     del document["hash"]
     document["prev_hash"] = prev_hash
-    return "sha256:" + hashlib.sha256(rfc8785.dumps(document)).hexdigest()
+    return digest(document)
 
 
 @dataclass

@@ -147,7 +147,7 @@ async def record_denial(
     event: str = "denied",
 ) -> None:
     """Store a denial with its audit row; ``deny_call`` also marks an existing call denied."""
-    async with state.db.transaction() as conn:
+    async with writing(state, attempt) as conn:
         await write_denial(
             conn, attempt, call_id, error, new_call=new_call, deny_call=deny_call, event=event
         )
@@ -166,16 +166,15 @@ async def write_denial(
     """``record_denial`` inside the caller's transaction. A new denied call still counts
     against its run: a loop of refused calls is a loop too."""
     error.extra["call_id"] = call_id
+    audit = attempt.event(event, call_id, decision="deny", code=error.code, reason=error.detail)
     if new_call:
-        await store.insert(conn, attempt.row(call_id, None, error))
+        await store.insert_with_audit(conn, attempt.row(call_id, None, error), audit)
         if attempt.run_id is not None:
             await runs.count_denied(conn, attempt.run_id)
     elif deny_call:
-        await store.set_state(conn, call_id, "denied")
-    await append(
-        conn,
-        attempt.event(event, call_id, decision="deny", code=error.code, reason=error.detail),
-    )
+        await store.set_state_with_audit(conn, call_id, "denied", audit)
+    else:
+        await append(conn, audit)
     telemetry.decided(attempt, call_id, error.code)
 
 

@@ -8,7 +8,6 @@ tests exercise.
 from __future__ import annotations
 
 import copy
-import hashlib
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from urllib.parse import urlsplit
 import rfc8785
 
 from app.auth.principal import Principal
+from app.canonical import digest
 from app.catalog.models import Impact, Resource, Tool
 from app.errors import IdentitySpoof, InvalidArguments, ToolForbidden
 
@@ -76,7 +76,7 @@ def fingerprint(tool: str, target: Target | None, arguments: Mapping[str, Any]) 
         "target": target.as_dict() if target else None,
         "arguments": arguments,
     }
-    return "sha256:" + hashlib.sha256(rfc8785.dumps(document)).hexdigest()
+    return digest(document)
 
 
 def prepare(tool: Tool, raw: Any) -> PreparedCall:

@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
-
-import rfc8785
 
 from app import telemetry
 from app.audit.store import append
@@ -29,6 +26,7 @@ from app.calls.decisions import (
 from app.calls.models import CallRow, DryRunBody, DryRunRow, ExecuteBody, ProposeBody
 from app.calls.policy import Decision
 from app.calls.results import classify, result_body
+from app.canonical import digest
 from app.errors import InvalidRequest, ProviderTimeout, ProviderUnavailable
 from app.ids import new_id
 from app.outbound import NotSent, Uncertain
@@ -229,7 +227,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
         raise ProviderUnavailable(
             "the provider gave no preview", call_id=existing.id, provider_status=response.status
         )
-    snapshot_hash = "sha256:" + hashlib.sha256(rfc8785.dumps(response.body)).hexdigest()
+    snapshot_hash = digest(response.body)
     ttl_s = tool.approval.ttl_s if tool.approval else DRY_RUN_TTL_S
     row = DryRunRow(
         id=new_id("dry"),

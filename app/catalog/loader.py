@@ -6,7 +6,6 @@ Everything SPEC §3 says ``toolgate check`` must refuse is refused here, so ``se
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,8 +15,8 @@ from urllib.parse import urlsplit
 import cel
 import jsonschema_rs
 import pydantic
-import rfc8785
 
+from app.canonical import digest
 from app.catalog.models import Catalog, Endpoint, Impact, Provider, Resource, Tool
 from app.catalog.source import Problem, Source, interpolate, read
 from app.catalog.spec import CatalogSpec, EndpointSpec, ProviderSpec, ResourceSpec, ToolSpec
@@ -111,8 +110,11 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
             tools[name] = tool
     if source.problems:
         return None
-    digest = hashlib.sha256(rfc8785.dumps(source.document)).hexdigest()[:6]
-    return Catalog(label=spec.version, policy_version=f"{spec.version}#{digest}", tools=tools)
+    return Catalog(
+        label=spec.version,
+        policy_version=f"{spec.version}#{digest(source.document)[7:13]}",
+        tools=tools,
+    )
 
 
 def _tool(
