@@ -35,6 +35,10 @@ TWEAKS = (
     "no_pool_reset",
     "no_sealer_wake",
     "count_queries",
+    "no_spans",
+    "quiet_logs",
+    "orjson_canonical",
+    "no_sealer",
 )
 
 
@@ -61,6 +65,31 @@ def apply(tweaks: set[str]) -> None:
             return None
 
         sealer.Sealer.wake = no_wake  # type: ignore[method-assign]
+    if "no_spans" in tweaks:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+        trace.set_tracer_provider(TracerProvider(sampler=ALWAYS_OFF))
+    if "quiet_logs" in tweaks:
+        from app import logs
+
+        real_config = logs.log_config
+        logs.log_config = lambda level="INFO": real_config("WARNING")  # type: ignore[assignment]
+    if "orjson_canonical" in tweaks:
+        import orjson
+        import rfc8785
+
+        rfc8785.dumps = lambda d: orjson.dumps(d, option=orjson.OPT_SORT_KEYS)  # type: ignore[assignment]
+    if "no_sealer" in tweaks:
+        import asyncio
+
+        from app.audit import sealer
+
+        async def idle() -> None:
+            await asyncio.Event().wait()
+
+        sealer.start = lambda app, db: asyncio.create_task(idle())  # type: ignore[assignment]
 
 
 def _kind(sql: str) -> str:
