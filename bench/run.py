@@ -124,7 +124,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         metavar="DIR",
-        help="after each toolgate run, run it again under `py-spy record --gil` (100 Hz) and "
+        help="after each run, run the target again under `py-spy record --gil` (250 Hz) and "
         "write collapsed stacks to DIR, printing where the GIL-holding time goes",
     )
     return parser.parse_args()
@@ -444,8 +444,8 @@ def measure(
     )
     if result.sample:
         print(f"    first non-2xx: {result.sample}", flush=True)
-    if ns.profile and target == "toolgate" and round_no == 1:
-        profile(ns, procs, base_url, script(), server_pid, workload, common)
+    if ns.profile and round_no == 1:
+        profile(ns, procs, base_url, script(), server_pid, target, workload, common)
     return row
 
 
@@ -455,10 +455,11 @@ def profile(
     base_url: str,
     script: str,
     pid: int,
+    target: str,
     workload: str,
     common: dict[str, int],
 ) -> None:
-    """Drive toolgate once more while py-spy samples its worker; print the hottest frames."""
+    """Drive the target once more while py-spy samples its worker; print the hottest frames."""
     out = Path(ns.profile)
     out.mkdir(parents=True, exist_ok=True)
     seconds = max(3, round(ns.duration))
@@ -472,13 +473,13 @@ def profile(
             "-d",
             str(seconds),
             "-r",
-            "100",
+            str(PROFILE_HZ),
             "--gil",
             "--nolineno",
             "-f",
             "raw",
             "-o",
-            str(out / f"toolgate-{workload}.txt"),
+            str(out / f"{target}-{workload}.txt"),
         ],
         os.environ,
     )
@@ -487,16 +488,17 @@ def profile(
         base_url + "/execute",
         script,
         duration_s=seconds,
-        label=f"toolgate-{workload}-profile",
+        label=f"{target}-{workload}-profile",
         **common,
     )
     try:
         spy.popen.wait(timeout=30)
     finally:
         procs.stop(spy)
-    summarize_profile(out / f"toolgate-{workload}.txt", seconds * 100, workload)
+    summarize_profile(out / f"{target}-{workload}.txt", seconds * PROFILE_HZ, workload)
 
 
+PROFILE_HZ = 250
 # Leaf-first attribution: a sample counts for the first (deepest) frame whose file matches.
 CATEGORIES = [
     ("opentelemetry/", "OpenTelemetry (spans, propagation)"),

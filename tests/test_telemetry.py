@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -32,7 +32,7 @@ def span_exporter(app: Any) -> InMemorySpanExporter:
     provider = trace.get_tracer_provider()
     assert isinstance(provider, TracerProvider)
     exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.add_span_processor(provider, SimpleSpanProcessor(exporter))
     return exporter
 
 
@@ -371,6 +371,14 @@ def test_queued_stream_writes_json_lines_from_its_own_thread() -> None:
 def test_otlp_export_is_installed_only_when_an_endpoint_is_configured() -> None:
     plain = telemetry.build_provider({})
     assert plain._active_span_processor._span_processors == ()
+    tracer = plain.get_tracer("t")
+    assert not tracer.start_span("unexported").is_recording()
+    sampled = propagate.extract({"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
+    assert (
+        tracer.start_span("under a sampled caller", context=sampled)
+        .get_span_context()
+        .trace_flags.sampled
+    )
     assert plain.resource.attributes["service.name"] == "toolgate"
     plain.shutdown()
 
@@ -378,6 +386,7 @@ def test_otlp_export_is_installed_only_when_an_endpoint_is_configured() -> None:
     exporting = telemetry.build_provider(env)
     [processor] = exporting._active_span_processor._span_processors
     assert isinstance(processor, BatchSpanProcessor)
+    assert exporting.get_tracer("t").start_span("exported").is_recording()
     assert exporting.resource.attributes["service.name"] == "tg-a"
     assert telemetry.otlp_endpoint(env) == "http://collector:4318/v1/traces"
     exporting.shutdown()
