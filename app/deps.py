@@ -1,18 +1,32 @@
-"""Request dependencies: the application state and the verified principal."""
+"""Request dependencies: the application state, the verified principal and the body.
+
+The decision endpoints (``/propose``, ``/dry-run``, ``/execute``, ``/approve``) take the plain
+``Request`` and call ``authenticate`` and ``read_body`` themselves: FastAPI's dependency
+solving and body fields cost them about 120 us a request, a tenth of a read's CPU. The order
+is the same as FastAPI's: the token first, then the body.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, cast
+from collections.abc import Sequence
+from typing import Annotated, Any, TypeVar, cast
 
 from fastapi import Depends, Request
+from pydantic import BaseModel, ValidationError
 
 from app.auth.principal import Principal
-from app.errors import Unauthenticated
+from app.errors import InvalidRequest, ToolgateError, Unauthenticated
 from app.state import AppState
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def state_of(request: Request) -> AppState:
+    return cast(AppState, request.app.state.toolgate)
 
 
 async def get_state(request: Request) -> AppState:
-    return cast(AppState, request.app.state.toolgate)
+    return state_of(request)
 
 
 async def authenticate(request: Request) -> Principal:
@@ -20,9 +34,29 @@ async def authenticate(request: Request) -> Principal:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("a Bearer token is required")
-    principal = await cast(AppState, request.app.state.toolgate).verifier.verify(token.strip())
+    principal = await state_of(request).verifier.verify(token.strip())
     request.state.principal = principal
     return principal
+
+
+async def read_body(request: Request, model: type[Body]) -> Body:
+    """The JSON body as ``model``, validated by pydantic-core straight from the bytes."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise malformed(exc.errors(), skip=0) from None
+
+
+def malformed(errors: Sequence[Any], skip: int) -> ToolgateError:
+    """``invalid_request`` listing each error as a JSON Pointer to the offending field (after
+    dropping ``skip`` leading location parts, such as FastAPI's ``"body"``)."""
+    return InvalidRequest(
+        "the request body is malformed",
+        errors=[
+            {"path": "/" + "/".join(str(p) for p in e["loc"][skip:]), "message": e["msg"]}
+            for e in errors
+        ],
+    )
 
 
 State = Annotated[AppState, Depends(get_state)]

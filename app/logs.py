@@ -84,9 +84,11 @@ class QueuedStream(logging.Handler):
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         super().__init__()
-        # No line shows where it was logged from: skip finding out for every record (Logging
-        # HOWTO, "Optimization"). Set here, as this handler is configured in each worker.
+        # No line shows where, in which thread or in which process it was logged: skip
+        # finding out for every record (Logging HOWTO, "Optimization"). Set here, as this
+        # handler is configured in each worker.
         logging._srcfile = None
+        logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
         self.dropped = 0
         self._stream = stream if stream is not None else sys.stderr
         self._lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()

@@ -29,6 +29,7 @@ from app.calls.gateway import Gateway
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
+from app.deps import malformed
 from app.errors import InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.outbound import Outbound
@@ -147,11 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid_body(request: Request, error: RequestValidationError) -> Any:
-        errors = [
-            {"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
-            for e in error.errors()
-        ]
-        return problem(InvalidRequest("the request body is malformed", errors=errors))
+        return problem(malformed(error.errors(), skip=1))
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, error: HTTPException) -> Any:

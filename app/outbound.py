@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import aiohttp
@@ -57,7 +58,6 @@ class Outbound:
     ) -> Response:
         assert self._session is not None, "Outbound.start() was not awaited"
         started = time.perf_counter()
-        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=timeout_s)
         if json is not None:
             headers = {**(headers or {}), "Content-Type": "application/json"}
         try:
@@ -67,7 +67,7 @@ class Outbound:
                 headers=headers,
                 data=orjson.dumps(json) if json is not None else None,
                 params=params,
-                timeout=timeout,
+                timeout=_timeout(timeout_s),
                 allow_redirects=False,
             ) as response:
                 raw = await response.read()
@@ -81,3 +81,8 @@ class Outbound:
         except orjson.JSONDecodeError:
             body = None
         return Response(status, body, (time.perf_counter() - started) * 1000)
+
+
+@lru_cache(maxsize=64)
+def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=seconds, connect=seconds)

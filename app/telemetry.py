@@ -172,14 +172,19 @@ def bind_call(attempt: CallAttempt, call_id: str) -> None:
         fields.attempt, fields.call_id, fields.run_id = attempt, call_id, attempt.run_id
 
 
-def decided(attempt: CallAttempt, call_id: str, code: str | None = None) -> None:
-    """Count and log one stored decision: an allow, or a denial with its SPEC ``code``."""
+def decided(
+    attempt: CallAttempt, call_id: str, code: str | None = None, *, quiet: bool = False
+) -> None:
+    """Count and log one stored decision: an allow, or a denial with its SPEC ``code``.
+    ``quiet``: count only, as the ``executed`` line that follows says it was allowed."""
     tool = attempt.tool.name if attempt.tool is not None else metrics.UNKNOWN_TOOL
     outcome = "allow" if code is None else "deny"
     metrics.decisions(tool, outcome, code or "").inc()
     fields = _fields.get()
     if fields is not None:
         fields.call_id = call_id
+    if quiet:
+        return
     _log.info(
         "%s %s%s",
         outcome,

@@ -285,14 +285,19 @@ async def test_metrics_count_decisions_executions_and_latencies_without_auth(
 async def test_a_decision_log_line_is_json_with_call_id_and_trace_id_but_no_arguments(
     client: httpx.AsyncClient, auth: Auth, spans: InMemorySpanExporter, log_lines: io.StringIO
 ) -> None:
+    proposed = await client.post("/propose", json=GET_ORDER, headers=auth())
+    assert proposed.status_code == 200, proposed.text
     response = await client.post("/execute", json=GET_ORDER, headers=auth())
     assert response.status_code == 200, response.text
-    call_id = response.json()["call_id"]
     lines = [json.loads(line) for line in log_lines.getvalue().splitlines()]
-    trace_id = f"{named(spans, 'POST /execute').get_span_context().trace_id:032x}"
+    trace_ids = [
+        f"{named(spans, f'POST /{path}').get_span_context().trace_id:032x}"
+        for path in ("propose", "execute")
+    ]
+    # An execution is one line: the allow it implies is counted, not logged again.
     assert [(line["message"], line["call_id"], line["trace_id"]) for line in lines] == [
-        ("allow get_order", call_id, trace_id),
-        ("executed get_order: succeeded", call_id, trace_id),
+        ("allow get_order", proposed.json()["call_id"], trace_ids[0]),
+        ("executed get_order: succeeded", response.json()["call_id"], trace_ids[1]),
     ]
     assert lines[0]["level"] == "INFO"
     assert lines[0]["logger"] == "toolgate.calls"

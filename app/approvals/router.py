@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from app.approvals import service
 from app.approvals.models import ApproveBody
-from app.deps import CurrentPrincipal, State
+from app.deps import CurrentPrincipal, State, authenticate, read_body, state_of
 from app.responses import JSON
 
 router = APIRouter()
 
 
 @router.post("/approve")
-async def approve(body: ApproveBody, principal: CurrentPrincipal, state: State) -> JSON:
-    return JSON(await service.approve(state, principal, body))
+async def approve(request: Request) -> JSON:
+    principal = await authenticate(request)
+    body = await read_body(request, ApproveBody)
+    return JSON(await service.approve(state_of(request), principal, body))
 
 
 @router.get("/approvals")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from app import telemetry
 from app.audit.store import AuditEvent, append
@@ -24,6 +25,7 @@ from app.runs import service as runs
 from app.state import AppState
 
 PROPOSED_BY = "model"
+T = TypeVar("T")
 
 
 @dataclass
@@ -102,7 +104,7 @@ async def authorize(state: AppState, attempt: Attempt) -> Decision:
     policy.precheck(attempt.principal, call)
     owners = await owners_of(state, call)
     hosts = [policy.egress_host(url) for _, url in call.egress]
-    addresses = await asyncio.gather(*(egress.resolve(h) for h in hosts if h is not None))
+    addresses = await concurrently([egress.resolve(h) for h in hosts if h is not None])
     resolved = iter(addresses)
     facts = Facts(
         owners={arg: owner for (arg, _, _), owner in zip(call.resources, owners, strict=True)},
@@ -116,9 +118,15 @@ async def authorize(state: AppState, attempt: Attempt) -> Decision:
 
 async def owners_of(state: AppState, call: PreparedCall) -> list[policy.Owner | None]:
     """Each ``x-resource`` argument's owner, asked of its provider now, concurrently."""
-    return list(
-        await asyncio.gather(*(state.gateway.owner(r, rid) for _, r, rid in call.resources))
-    )
+    return await concurrently([state.gateway.owner(r, rid) for _, r, rid in call.resources])
+
+
+async def concurrently(awaitables: list[Awaitable[T]]) -> list[T]:
+    """``asyncio.gather``, without its tasks when there is at most one thing to wait for
+    (most calls look up one owner and resolve no URL)."""
+    if len(awaitables) <= 1:
+        return [await awaitable for awaitable in awaitables]
+    return list(await asyncio.gather(*awaitables))
 
 
 async def decide_or_record_denial(

@@ -119,7 +119,7 @@ async def _replay(state: AppState, attempt: Attempt, record: ExecutionRow) -> An
                 outcome={"status": record.state, "operation_id": record.operation_id},
             ),
         )
-    telemetry.decided(attempt, record.call_id)
+    telemetry.decided(attempt, record.call_id, quiet=True)
     telemetry.executed(record.tool, record.call_id, "replayed")
     return {**record.response, "replayed": True}, {"Idempotent-Replayed": "true"}
 
@@ -195,7 +195,7 @@ async def _first_call(
                 raise ApprovalConsumed("the approval was used by another execution")
     if refusal is not None:
         raise refusal
-    telemetry.decided(attempt, call_id)
+    telemetry.decided(attempt, call_id, quiet=True)
     return await _send(state, attempt, execution, resumed=False)
 
 

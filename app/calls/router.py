@@ -2,36 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Request
 
 from app.calls import history, service
 from app.calls.models import DryRunBody, ExecuteBody, ProposeBody
-from app.deps import CurrentPrincipal, State
+from app.deps import CurrentPrincipal, State, authenticate, read_body, state_of
 from app.responses import JSON
 
 router = APIRouter()
 
 
 @router.post("/propose")
-async def propose(body: ProposeBody, principal: CurrentPrincipal, state: State) -> JSON:
-    return JSON(await service.propose(state, principal, body))
+async def propose(request: Request) -> JSON:
+    principal = await authenticate(request)
+    body = await read_body(request, ProposeBody)
+    return JSON(await service.propose(state_of(request), principal, body))
 
 
 @router.post("/dry-run")
-async def dry_run(body: DryRunBody, principal: CurrentPrincipal, state: State) -> JSON:
-    return JSON(await service.dry_run(state, principal, body))
+async def dry_run(request: Request) -> JSON:
+    principal = await authenticate(request)
+    body = await read_body(request, DryRunBody)
+    return JSON(await service.dry_run(state_of(request), principal, body))
 
 
 @router.post("/execute")
-async def execute(
-    body: ExecuteBody,
-    principal: CurrentPrincipal,
-    state: State,
-    idempotency_key: Annotated[str | None, Header()] = None,
-) -> JSON:
-    outcome = await service.execute(state, principal, body, idempotency_key)
+async def execute(request: Request) -> JSON:
+    principal = await authenticate(request)
+    body = await read_body(request, ExecuteBody)
+    key = request.headers.get("idempotency-key")
+    outcome = await service.execute(state_of(request), principal, body, key)
     return JSON(outcome.body, headers=outcome.headers)
 
 

@@ -190,7 +190,7 @@ async def _record_read(
         else:
             await store.set_state_with_audit(conn, call_id, status, event)
         await record_run_outcome(conn, attempt, status, answer["result"] if answer else None)
-    telemetry.decided(attempt, call_id)
+    telemetry.decided(attempt, call_id, quiet=True)
     telemetry.executed(attempt.tool_name, call_id, status)
 
 
