@@ -296,7 +296,7 @@ async def test_mutations_need_a_well_formed_key(
 
 
 async def test_a_quoted_key_is_the_same_key_as_the_bare_one(
-    flow: Flow, providers: Providers
+    flow: Flow, providers: Providers, db: asyncpg.Connection
 ) -> None:
     key = new_key()
     args = {"subject": "printer", "body": "on fire"}
@@ -305,6 +305,12 @@ async def test_a_quoted_key_is_the_same_key_as_the_bare_one(
     second = await flow.execute("create_ticket", args, key)
     assert second.headers["Idempotent-Replayed"] == "true"
     assert await effects(providers, "/support/tickets") == 1
+    # The replay's claim found the key taken: it recorded no second call or execution.
+    assert await db.fetchval("SELECT count(*) FROM calls") == 1
+    assert await db.fetch("SELECT call_id, state FROM executions") == [
+        (first.json()["call_id"], "succeeded")
+    ]
+    assert await events(db) == ["executed", "replayed"]
 
 
 async def test_a_key_reused_for_other_arguments_is_refused(

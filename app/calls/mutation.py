@@ -82,12 +82,67 @@ async def execute(
     async with state.locks.hold(f"idem:{lock}", tool.provider.timeout_s + LOCK_MARGIN_S) as held:
         if not held:
             raise IdempotencyInFlight("the original request with this key is still running")
+        if _ungated(attempt, decision, existing):
+            answer = await _claim_ungated(state, attempt, decision, key)
+            if answer is not None:
+                return answer
         record = await _record(state, attempt, key)
         if record is None:
             return await _first_call(state, attempt, decision, body, existing, key)
         if record.state in FINISHED:
             return await _replay(state, attempt, record)
         return await _resume(state, attempt, record)
+
+
+def _ungated(attempt: Attempt, decision: Decision, existing: CallRow | None) -> bool:
+    """No approval, dry-run, run or earlier call to check: the claim can come first."""
+    assert attempt.tool is not None
+    return (
+        decision.impact != "high"
+        and not attempt.tool.require_dry_run
+        and existing is None
+        and attempt.run_id is None
+    )
+
+
+async def _claim_ungated(
+    state: AppState, attempt: Attempt, decision: Decision, key: str
+) -> Answer | None:
+    """Claim the key and record the new call in one statement, then send; ``None`` when the
+    key is taken (its record decides: replay, resume or a reused key). A fresh key, the
+    usual case, costs no read of its record."""
+    execution = _execution(state, attempt, new_id("call"), key, None)
+    row = replace(attempt.row(execution.call_id, decision, None), state="executing")
+    async with state.db.connection() as conn:
+        if not await store.claim(conn, execution, row):
+            return None
+    telemetry.decided(attempt, execution.call_id, quiet=True)
+    return await _send(state, attempt, execution, resumed=False)
+
+
+def _execution(
+    state: AppState, attempt: Attempt, call_id: str, key: str, approval_id: str | None
+) -> ExecutionRow:
+    """The in-flight record a first call claims its key with."""
+    call, tool, principal = attempt.call, attempt.tool, attempt.principal
+    assert call is not None
+    assert tool is not None
+    return ExecutionRow(
+        operation_id=new_id("op"),
+        tenant=principal.tenant,
+        actor=principal.sub,
+        idempotency_key=key,
+        call_id=call_id,
+        tool=tool.name,
+        target_type=call.target.type if call.target else None,
+        target_id=call.target.id if call.target else None,
+        fingerprint=call.fingerprint,
+        approval_id=approval_id,
+        state="in_flight",
+        provider_status=None,
+        response=None,
+        expires_at=datetime.now(UTC) + timedelta(seconds=state.settings.idempotency_ttl_s),
+    )
 
 
 async def _record(state: AppState, attempt: Attempt, key: str) -> ExecutionRow | None:
@@ -132,7 +187,7 @@ async def _first_call(
     existing: CallRow | None,
     key: str,
 ) -> Answer:
-    call, tool, principal = attempt.call, attempt.tool, attempt.principal
+    call, tool = attempt.call, attempt.tool
     assert call is not None
     assert tool is not None
     call_id = existing.id if existing else None
@@ -158,23 +213,7 @@ async def _first_call(
             )
         raise
     call_id = call_id or new_id("call")
-    operation_id = new_id("op")
-    execution = ExecutionRow(
-        operation_id=operation_id,
-        tenant=principal.tenant,
-        actor=principal.sub,
-        idempotency_key=key,
-        call_id=call_id,
-        tool=tool.name,
-        target_type=call.target.type if call.target else None,
-        target_id=call.target.id if call.target else None,
-        fingerprint=call.fingerprint,
-        approval_id=approval.id if approval else None,
-        state="in_flight",
-        provider_status=None,
-        response=None,
-        expires_at=datetime.now(UTC) + timedelta(seconds=state.settings.idempotency_ttl_s),
-    )
+    execution = _execution(state, attempt, call_id, key, approval.id if approval else None)
     new_call = existing is None and approval is None
     async with state.db.transaction() as conn:
         refusal = await admit_to_run(conn, attempt, new_call=new_call, cost=tool.cost)
@@ -182,15 +221,15 @@ async def _first_call(
             await write_denial(conn, attempt, call_id, refusal, new_call=new_call, deny_call=False)
         else:
             if new_call:
-                await store.insert(
-                    conn, replace(attempt.row(call_id, decision, None), state="executing")
-                )
+                row = replace(attempt.row(call_id, decision, None), state="executing")
+                claimed = await store.claim(conn, execution, row)
             else:
                 await store.set_state(conn, call_id, "executing")
-            if not await store.claim(conn, execution):
+                claimed = await store.claim(conn, execution)
+            if not claimed:
                 raise IdempotencyInFlight("the original request with this key is still running")
             if approval is not None and not await approvals.consume(
-                conn, approval.id, operation_id
+                conn, approval.id, execution.operation_id
             ):
                 raise ApprovalConsumed("the approval was used by another execution")
     if refusal is not None:

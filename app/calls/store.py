@@ -91,11 +91,22 @@ async def get_execution(conn: Connection, tenant: str, actor: str, key: str) -> 
     return ExecutionRow(**dict(row)) if row else None
 
 
-async def claim(conn: Connection, execution: ExecutionRow) -> bool:
-    """Claim the key for a first call; ``False`` when another request holds it. A finished
-    record past its retention gives way."""
-    values = _EXECUTION.values(execution)
-    if (await conn.execute(_CLAIM_NEW, *values)).endswith(" 1"):
+_CALL_PARAMS = range(len(_EXECUTION.columns) + 1, len(_EXECUTION.columns) + len(_CALL.columns) + 1)
+_CLAIM_WITH_CALL = (
+    f"WITH claim AS ({_CLAIM_NEW} RETURNING 1) INSERT INTO calls ({', '.join(_CALL.columns)}) "
+    f"SELECT {', '.join(f'${i}' for i in _CALL_PARAMS)} WHERE EXISTS (SELECT 1 FROM claim)"
+)
+
+
+async def claim(conn: Connection, execution: ExecutionRow, call: CallRow | None = None) -> bool:
+    """Claim the key for a first call (and insert ``call``, the new call it executes, in the
+    same statement); ``False`` when another request holds it. A finished record past its
+    retention gives way."""
+    if call is None:
+        sql, values = _CLAIM_NEW, _EXECUTION.values(execution)
+    else:
+        sql, values = _CLAIM_WITH_CALL, [*_EXECUTION.values(execution), *_CALL.values(call)]
+    if (await conn.execute(sql, *values)).endswith(" 1"):
         return True
     expired = await conn.execute(
         """
@@ -107,7 +118,7 @@ async def claim(conn: Connection, execution: ExecutionRow) -> bool:
         execution.actor,
         execution.idempotency_key,
     )
-    return bool(expired.endswith(" 1") and (await conn.execute(_CLAIM_NEW, *values)).endswith(" 1"))
+    return bool(expired.endswith(" 1") and (await conn.execute(sql, *values)).endswith(" 1"))
 
 
 _FINISH = """
