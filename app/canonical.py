@@ -5,7 +5,7 @@ whitespace never change any of them.
 
 ``canonical`` gives exactly the bytes of the ``rfc8785`` package, about 5x faster: orjson
 writes what it writes identically to RFC 8785 (sorted ASCII keys, strings, safe integers,
-literals), each float is written by ``rfc8785`` itself and embedded as a fragment, and any
+literals), each float's text is embedded as a fragment (``_number``), and any
 document holding something else (a non-ASCII key, whose UTF-16 order may differ from orjson's,
 an integer beyond 2**53, a tuple, ...) goes to ``rfc8785`` whole, which also raises
 what it raises. ``tests/test_canonical.py`` compares the two on random documents.
@@ -42,8 +42,17 @@ def _prepared(value: Any) -> Any:
     if kind is int and -_SAFE_INT <= value <= _SAFE_INT:
         return value
     if kind is float:
-        return orjson.Fragment(rfc8785.dumps(value))
+        return orjson.Fragment(_number(value))
     raise _Unusual
+
+
+def _number(value: float) -> bytes:
+    """A float as RFC 8785 writes it. Python's ``repr`` gives the same shortest round-trip
+    digits; it differs only in exponent notation and a trailing ``.0``, left to ``rfc8785``."""
+    text = repr(value)
+    if "e" in text or text.endswith(".0") or text in ("nan", "inf", "-inf"):
+        return rfc8785.dumps(value)
+    return text.encode()
 
 
 def canonical(document: Any) -> bytes:

@@ -133,14 +133,15 @@ def create_app(settings: Settings) -> FastAPI:
         title="toolgate", lifespan=lifespan, openapi_url=None, telemetry=telemetry.FASTAPI_OFF
     )
     app.state.settings = settings
-    app.include_router(health.router)
-    app.include_router(metrics.router)
+    # Routes are matched in order: the decision endpoints, the busiest, first.
     app.include_router(calls.router)
     app.include_router(approvals.router)
+    app.include_router(runs.router)
     app.include_router(catalog.router)
     app.include_router(audit.router)
+    app.include_router(health.router)
+    app.include_router(metrics.router)
     app.add_middleware(audit_sealer.WakeSealer)
-    app.include_router(runs.router)
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:

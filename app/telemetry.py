@@ -210,21 +210,29 @@ class ProviderCall:
     """One provider request: a CLIENT span, its ``traceparent`` and the latency histogram.
 
     ``with call: call.inject(headers); ...; call.answered(status)``. A transport exception
-    leaving the block marks the span as an error named after the exception's class.
+    leaving the block marks the span as an error named after the exception's class. A request
+    whose own span is not recorded gets no provider span either (``attributes`` is ``None``):
+    nothing would read it, and the provider is told the request's span as its parent.
     """
 
-    __slots__ = ("_attributes", "_endpoint", "_name", "_provider", "_span", "_started")
+    __slots__ = ("_attributes", "_endpoint", "_name", "_own", "_provider", "_span", "_started")
 
-    def __init__(self, name: str, provider: str, endpoint: str, attributes: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, provider: str, endpoint: str, attributes: dict[str, Any] | None
+    ) -> None:
         self._name, self._provider, self._endpoint = name, provider, endpoint
         self._attributes = attributes
         self._span: trace.Span = trace.INVALID_SPAN
+        self._own = attributes is not None
         self._started = 0.0
 
     def __enter__(self) -> ProviderCall:
-        self._span = _tracer.start_span(
-            self._name, kind=SpanKind.CLIENT, attributes=self._attributes
-        )
+        if self._attributes is None:
+            self._span = trace.get_current_span()
+        else:
+            self._span = _tracer.start_span(
+                self._name, kind=SpanKind.CLIENT, attributes=self._attributes
+            )
         self._started = time.perf_counter()
         return self
 
@@ -233,6 +241,8 @@ class ProviderCall:
         propagate.inject(headers, context=trace.set_span_in_context(self._span))
 
     def answered(self, status: int) -> None:
+        if not self._own:
+            return
         self._span.set_attribute("http.response.status_code", status)
         if status >= 500:
             self._span.set_attribute("error.type", str(status))
@@ -247,6 +257,8 @@ class ProviderCall:
         metrics.provider_seconds(self._provider, self._endpoint).observe(
             time.perf_counter() - self._started
         )
+        if not self._own:
+            return
         if exc_type is not None:
             # The class only: transport messages can quote the URL, arguments included.
             self._span.set_attribute("error.type", exc_type.__qualname__)
@@ -267,6 +279,11 @@ def tool_call(
     elif tool is not None and endpoint is tool.reconcile:
         kind = "reconcile"
     tool_name = tool.name if tool is not None else metrics.UNKNOWN_TOOL
+    if fields is not None:
+        fields.call_id = call_id
+    name = "execute_tool" if kind == "execute" else kind
+    if not trace.get_current_span().is_recording():
+        return ProviderCall(f"{name} {tool_name}", provider.name, kind, None)
     attributes = _provider_attributes(provider, endpoint, kind)
     attributes["toolgate.call_id"] = call_id
     if kind == "execute":
@@ -282,20 +299,20 @@ def tool_call(
         attributes["toolgate.policy_version"] = attempt.catalog.policy_version
         if attempt.run_id is not None:
             attributes["toolgate.run_id"] = attempt.run_id
-    if fields is not None:
-        fields.call_id = call_id
-    name = "execute_tool" if kind == "execute" else kind
     return ProviderCall(f"{name} {tool_name}", provider.name, kind, attributes)
 
 
 def owner_lookup(provider: Provider, endpoint: Endpoint, resource_type: str) -> ProviderCall:
     """The span of an ownership lookup made while deciding a call."""
+    name = f"owner_lookup {resource_type}"
+    if not trace.get_current_span().is_recording():
+        return ProviderCall(name, provider.name, "owner", None)
     attributes = _provider_attributes(provider, endpoint, "owner")
     attributes["toolgate.resource.type"] = resource_type
     fields = _fields.get()
     if fields is not None and fields.call_id is not None:
         attributes["toolgate.call_id"] = fields.call_id
-    return ProviderCall(f"owner_lookup {resource_type}", provider.name, "owner", attributes)
+    return ProviderCall(name, provider.name, "owner", attributes)
 
 
 def _provider_attributes(provider: Provider, endpoint: Endpoint, kind: str) -> dict[str, Any]:

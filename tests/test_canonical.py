@@ -25,7 +25,10 @@ def _text(rng: random.Random, alphabet: list[str]) -> str:
 
 
 def _float(rng: random.Random) -> float:
-    if rng.random() < 0.5:
+    roll = rng.random()
+    if roll < 0.3:  # the usual: timings, amounts, scores
+        return round(rng.uniform(-1e6, 1e6), rng.randint(0, 8)) * rng.choice([1, 1e-9, 1e12])
+    if roll < 0.6:
         return rng.choice(
             [0.0, -0.0, 1.0, -1.5, 1e21, 1e-7, 1e-6, 123e20, 5e-324, 1.7976931348623157e308]
         )
@@ -76,3 +79,10 @@ def test_what_rfc8785_refuses_is_refused(document: Any) -> None:
 def test_sequences_and_subclasses_are_written_as_rfc8785_writes_them() -> None:
     document = {"t": (1, "two"), "b": True, "i": 7}
     assert canonical(document) == rfc8785.dumps(document)
+
+
+def test_floats_of_every_magnitude_match_rfc8785() -> None:
+    rng = random.Random(754)
+    for _ in range(20000):
+        value = round(rng.uniform(-10, 10), rng.randint(0, 17)) * 10.0 ** rng.randint(-30, 30)
+        assert canonical([value]) == rfc8785.dumps([value]), repr(value)

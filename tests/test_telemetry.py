@@ -6,7 +6,7 @@ import io
 import json
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -154,6 +154,41 @@ async def test_an_incoming_traceparent_is_continued_to_the_provider(
     sent = provider_header(await providers.requests(), "/billing/orders/ord_1")
     assert sent.split("-")[1] == CALLER_TRACE
     assert sent == traceparent(named(spans, "execute_tool get_order"))
+
+
+async def test_while_nothing_exports_providers_get_the_unsampled_request_context(
+    client: httpx.AsyncClient, auth: Auth, providers: Providers, spans: InMemorySpanExporter
+) -> None:
+    sampler = cast(TracerProvider, trace.get_tracer_provider()).sampler
+    assert isinstance(sampler, telemetry.WhileExporting)
+    sampler.exporting = False
+    try:
+        response = await client.post("/execute", json=GET_ORDER, headers=auth())
+        caller = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+        sampled = await client.post(
+            "/execute", json=GET_ORDER, headers={**auth(), "traceparent": caller}
+        )
+    finally:
+        sampler.exporting = True
+    assert (response.status_code, sampled.status_code) == (200, 200)
+    requests = await providers.requests()
+    # Unsampled: no span at all, and both provider calls are told the request's own span.
+    [owner, forwarded] = [
+        r["headers"]["traceparent"]
+        for r in requests
+        if r["path"].startswith("/billing/orders/ord_1") and CALLER_TRACE not in str(r)
+    ]
+    assert owner == forwarded
+    assert not int(owner.rsplit("-", 1)[1], 16) & 1  # the sampled flag is off
+    # A caller's sampled trace is still recorded, provider spans included, and stays sampled.
+    assert {s.name for s in spans.get_finished_spans()} == {
+        "POST /execute",
+        "owner_lookup order",
+        "execute_tool get_order",
+    }
+    assert provider_header(
+        [r for r in requests if CALLER_TRACE in str(r)], "/billing/orders/ord_1"
+    ) == traceparent(named(spans, "execute_tool get_order"))
 
 
 async def test_a_provider_error_marks_its_span_and_counts_a_failed_execution(

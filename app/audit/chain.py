@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from app.audit.models import AuditRow, Broken, ChainHead, Gap, Seal
 from app.canonical import digest
@@ -28,8 +28,9 @@ def rfc3339(at: datetime) -> str:
 
 
 def item(row: AuditRow) -> dict[str, Any]:
-    """The row as ``GET /audit`` and the export publish it, and as it is hashed."""
-    document = {
+    """The row as ``GET /audit`` and the export publish it, and as it is hashed. Only the
+    JSON and floating-point columns can hold numbers JCS cannot express."""
+    return {
         "seq": row.seq,
         "time": rfc3339(row.at),
         "event": row.event,
@@ -38,22 +39,24 @@ def item(row: AuditRow) -> dict[str, Any]:
         "tenant": row.tenant,
         "actor": row.actor,
         "tool": row.tool,
-        "target": row.target,
+        "target": _jcs_domain(row.target),
         "fingerprint": row.fingerprint,
-        "arguments": row.arguments,
+        "arguments": _jcs_domain(row.arguments),
         "decision": row.decision,
         "code": row.code,
         "reason": row.reason,
         "policy_version": row.policy_version,
         "approval_id": row.approval_id,
         "proposed_by": row.proposed_by,
-        "authorized_by": row.authorized_by,
-        "outcome": row.outcome,
-        "timings": {"total_ms": row.total_ms, "provider_ms": row.provider_ms},
+        "authorized_by": _jcs_domain(row.authorized_by),
+        "outcome": _jcs_domain(row.outcome),
+        "timings": {
+            "total_ms": _jcs_domain(row.total_ms),
+            "provider_ms": _jcs_domain(row.provider_ms),
+        },
         "hash": row.hash,
         "prev_hash": row.prev_hash,
     }
-    return cast(dict[str, Any], _jcs_domain(document))
 
 
 def _jcs_domain(value: Any) -> Any:
