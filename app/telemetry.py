@@ -150,12 +150,14 @@ class CallAttempt(Protocol):
 class RequestFields:
     """The request's correlation ids, for every log line and span it produces."""
 
-    __slots__ = ("attempt", "call_id", "run_id")
+    __slots__ = ("attempt", "call_id", "propagated", "run_id")
 
     def __init__(self) -> None:
         self.call_id: str | None = None
         self.run_id: str | None = None
         self.attempt: CallAttempt | None = None
+        self.propagated: dict[str, str] | None = None
+        """The request span's ``traceparent`` (and ``tracestate``), once made."""
 
 
 _fields: ContextVar[RequestFields | None] = ContextVar("toolgate_request_fields", default=None)
@@ -237,8 +239,16 @@ class ProviderCall:
         return self
 
     def inject(self, headers: dict[str, str]) -> None:
-        """Add ``traceparent`` naming this request's span as the provider's parent."""
-        propagate.inject(headers, context=trace.set_span_in_context(self._span))
+        """Add ``traceparent`` naming this call's span, or else the request's, as the
+        provider's parent. The request's is made once per request."""
+        fields = _fields.get() if not self._own else None
+        if fields is None:
+            propagate.inject(headers, context=trace.set_span_in_context(self._span))
+            return
+        if fields.propagated is None:
+            fields.propagated = {}
+            propagate.inject(fields.propagated, context=trace.set_span_in_context(self._span))
+        headers.update(fields.propagated)
 
     def answered(self, status: int) -> None:
         if not self._own:

@@ -3,9 +3,9 @@ with the state change it describes or not at all. Reading and sealing: below."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, cast
 
@@ -78,17 +78,14 @@ async def of_call(conn: Connection, call_id: str) -> list[Record]:
 # ``audit_events`` first: TRUNCATE locks it before ``audit_chain``/``audit_gaps``, so the
 # same order on both sides cannot deadlock.
 
-_ROW = """
-    seq, at, event, tenant, actor, call_id, run_id, tool, target, fingerprint, arguments,
-    decision, code, reason, policy_version, approval_id, proposed_by, authorized_by, outcome,
-    total_ms, provider_ms, chain_pos, prev_hash, hash, sealed_at
-"""
+_ROW = ", ".join(f.name for f in fields(AuditRow))
+"""Every column of ``AuditRow``, in its field order (``_row`` builds one positionally)."""
 SEALER_LOCK = 74202
 """Advisory lock key: one sealer at a time across every instance on this database."""
 
 
-def _row(record: Mapping[str, Any]) -> AuditRow:
-    return AuditRow(**dict(record))
+def _row(record: Record) -> AuditRow:
+    return AuditRow(*record)
 
 
 async def page(

@@ -50,7 +50,14 @@ class Attempt:
             "policy_version": self.catalog.policy_version,
         }
 
-    def row(self, call_id: str, decision: Decision | None, error: ToolgateError | None) -> CallRow:
+    def row(
+        self,
+        call_id: str,
+        decision: Decision | None,
+        error: ToolgateError | None,
+        state: str | None = None,
+    ) -> CallRow:
+        """The call as stored: ``state`` defaults to ``denied`` or ``proposed``."""
         call, tool = self.call, self.tool
         return CallRow(
             id=call_id,
@@ -69,7 +76,7 @@ class Attempt:
             code=error.code if error else None,
             reason=error.detail if error else None,
             next=decision.next if decision else None,
-            state="denied" if error else "proposed",
+            state=state or ("denied" if error else "proposed"),
             policy_version=self.catalog.policy_version,
             proposed_by=PROPOSED_BY,
             authorized_by=None if error else self.authorized_by(),

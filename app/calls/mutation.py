@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -112,7 +111,7 @@ async def _claim_ungated(
     key is taken (its record decides: replay, resume or a reused key). A fresh key, the
     usual case, costs no read of its record."""
     execution = _execution(state, attempt, new_id("call"), key, None)
-    row = replace(attempt.row(execution.call_id, decision, None), state="executing")
+    row = attempt.row(execution.call_id, decision, None, "executing")
     async with state.db.connection() as conn:
         if not await store.claim(conn, execution, row):
             return None
@@ -221,7 +220,7 @@ async def _first_call(
             await write_denial(conn, attempt, call_id, refusal, new_call=new_call, deny_call=False)
         else:
             if new_call:
-                row = replace(attempt.row(call_id, decision, None), state="executing")
+                row = attempt.row(call_id, decision, None, "executing")
                 claimed = await store.claim(conn, execution, row)
             else:
                 await store.set_state(conn, call_id, "executing")

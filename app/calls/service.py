@@ -172,7 +172,7 @@ async def _record_read(
     status = "succeeded" if answer is not None and answer["status"] == "succeeded" else "failed"
     call = attempt.call
     assert call is not None
-    row = replace(attempt.row(call_id, decision, None), state=status)
+    row = attempt.row(call_id, decision, None, status)
     event = attempt.event(
         "executed" if status == "succeeded" else "failed",
         call_id,
