@@ -28,6 +28,7 @@ return 0
 class Locks:
     def __init__(self, url: str | None, prefix: str) -> None:
         self._redis = redis.Redis.from_url(url) if url else None
+        self._release_script = self._redis.register_script(_RELEASE) if self._redis else None
         self._prefix = prefix
         self._local: dict[str, tuple[str, float]] = {}
 
@@ -70,9 +71,9 @@ class Locks:
             raise Unavailable("the lock service is unavailable") from exc
 
     async def _release(self, key: str, token: str) -> None:
-        if self._redis is None:
+        if self._release_script is None:
             if self._local.get(key, ("", 0.0))[0] == token:
                 del self._local[key]
             return
         with contextlib.suppress(RedisError, OSError):  # it expires by itself anyway
-            await self._redis.eval(_RELEASE, 1, key, token)
+            await self._release_script(keys=[key], args=[token])  # EVALSHA, loaded once
