@@ -1,9 +1,9 @@
 """Request dependencies: the application state, the verified principal and the body.
 
-The decision endpoints (``/propose``, ``/dry-run``, ``/execute``, ``/approve``) take the plain
-``Request`` and call ``authenticate`` and ``read_body`` themselves: FastAPI's dependency
-solving and body fields cost them about 120 us a request, a tenth of a read's CPU. The order
-is the same as FastAPI's: the token first, then the body.
+The decision endpoints (``/propose``, ``/dry-run``, ``/execute``, ``/approve``) are plain
+routes that call ``authenticate`` and ``read_body`` themselves: FastAPI's dependency solving
+and body fields cost them about 120 us a request, a tenth of a read's CPU. The order is the
+same as FastAPI's: the token first, then the body.
 """
 
 from __future__ import annotations

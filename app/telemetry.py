@@ -342,8 +342,8 @@ def _host(base_url: str) -> str:
 class TelemetryMiddleware:
     """A SERVER span, the request-latency histogram and fresh ``RequestFields`` per request.
 
-    Plain ASGI (no ``BaseHTTPMiddleware``): the route template is read from ``scope["route"]``
-    after routing, so span names and labels stay bounded (``POST /execute``).
+    Plain ASGI (no ``BaseHTTPMiddleware``): the route template is read from the scope after
+    routing (``_route``), so span names and labels stay bounded (``POST /execute``).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -390,7 +390,7 @@ class TelemetryMiddleware:
             error = type(exc).__qualname__
             raise
         finally:
-            route = getattr(scope.get("route"), "path", None)
+            route = _route(scope)
             metrics.request_seconds(route or metrics.UNMATCHED_ROUTE, method, status).observe(
                 time.perf_counter() - started
             )
@@ -399,6 +399,17 @@ class TelemetryMiddleware:
             span.end()
             _fields.reset(fields_token)
             otel_context.detach(otel_token)
+
+
+def _route(scope: Scope) -> str | None:
+    """The matched route's template: FastAPI's route, or the path of a plain Starlette route
+    without path parameters (which is its own template); ``None`` when nothing matched."""
+    route = scope.get("route")
+    if route is not None:
+        return getattr(route, "path", None)
+    if "endpoint" in scope and not scope.get("path_params"):
+        return str(scope["path"])
+    return None
 
 
 def _describe(

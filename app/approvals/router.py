@@ -14,11 +14,14 @@ from app.responses import JSON
 router = APIRouter()
 
 
-@router.post("/approve")
 async def approve(request: Request) -> JSON:
+    """A plain Starlette route, like the other decision endpoints (``app.calls.router``)."""
     principal = await authenticate(request)
     body = await read_body(request, ApproveBody)
     return JSON(await service.approve(state_of(request), principal, body))
+
+
+router.add_route("/approve", approve, methods=["POST"])
 
 
 @router.get("/approvals")

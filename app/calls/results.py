@@ -33,10 +33,17 @@ def _keep(node: Any, paths: list[list[str]]) -> Any:
             continue
         rests = [p[1:] for p in paths if p[0] == head]
         if any(not rest for rest in rests):
-            result[head] = copy.deepcopy(node[head])
+            result[head] = _copy(node[head])
         else:
             result[head] = _keep(node[head], rests)
     return result
+
+
+def _copy(value: Any) -> Any:
+    """A kept value, never shared with the provider's body (masking writes in place)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return copy.deepcopy(value)
 
 
 def _mask(node: Any, path: list[str]) -> None:

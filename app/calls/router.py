@@ -1,4 +1,8 @@
-"""HTTP for /propose, /dry-run and /execute: parse, call the service, return."""
+"""HTTP for /propose, /dry-run and /execute: parse, call the service, return.
+
+The three decision endpoints are plain Starlette routes (``add_route``): they take the
+``Request`` and parse it themselves (``app.deps``), and FastAPI's per-route machinery
+(dependency solving, its exit stacks) cost a read about 35 us for nothing they use."""
 
 from __future__ import annotations
 
@@ -12,27 +16,29 @@ from app.responses import JSON
 router = APIRouter()
 
 
-@router.post("/propose")
 async def propose(request: Request) -> JSON:
     principal = await authenticate(request)
     body = await read_body(request, ProposeBody)
     return JSON(await service.propose(state_of(request), principal, body))
 
 
-@router.post("/dry-run")
 async def dry_run(request: Request) -> JSON:
     principal = await authenticate(request)
     body = await read_body(request, DryRunBody)
     return JSON(await service.dry_run(state_of(request), principal, body))
 
 
-@router.post("/execute")
 async def execute(request: Request) -> JSON:
     principal = await authenticate(request)
     body = await read_body(request, ExecuteBody)
     key = request.headers.get("idempotency-key")
     outcome = await service.execute(state_of(request), principal, body, key)
     return JSON(outcome.body, headers=outcome.headers)
+
+
+router.add_route("/propose", propose, methods=["POST"])
+router.add_route("/dry-run", dry_run, methods=["POST"])
+router.add_route("/execute", execute, methods=["POST"])
 
 
 @router.get("/calls/{call_id}")
