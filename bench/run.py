@@ -78,6 +78,7 @@ CORES = os.cpu_count() or 1
 
 @dataclass
 class Row:
+    round_no: int
     target: str
     workload: str
     result: WrkResult
@@ -370,11 +371,13 @@ def server_argv(target: str, port: int) -> list[str]:
 def schedule(
     rounds: int, workloads: list[str], targets: list[str]
 ) -> list[tuple[int, str, list[str]]]:
-    """Round by round, every target with all workloads; the target order alternates."""
+    """Round by round and workload by workload, every target back to back (so the runs a
+    ratio compares are minutes apart at most); the target order alternates."""
     runs: list[tuple[int, str, list[str]]] = []
     for round_no in range(1, rounds + 1):
         order = targets if round_no % 2 else targets[::-1]
-        runs.extend((round_no, target, workloads) for target in order)
+        for workload in workloads:
+            runs.extend((round_no, target, [workload]) for target in order)
     return runs
 
 
@@ -426,6 +429,7 @@ def measure(
     elapsed = time.monotonic() - t0
     busy1, all1 = host_cpu_s()
     row = Row(
+        round_no,
         target,
         workload,
         result,
@@ -609,6 +613,17 @@ def summarize(rows: list[Row]) -> list[Summary]:
     return out
 
 
+def paired(rows: list[Row], target: str, workload: str) -> list[tuple[float, float]]:
+    """Per round: (req/s ratio, p99 ratio) of ``target`` to the forwarder in that round."""
+    by = {(r.round_no, r.target, r.workload): r for r in rows}
+    pairs = []
+    for r in rows:
+        fw = by.get((r.round_no, "forwarder", workload))
+        if (r.target, r.workload) == (target, workload) and fw and fw.result.rps:
+            pairs.append((r.result.rps / fw.result.rps, r.result.p99_ms / fw.result.p99_ms))
+    return pairs
+
+
 def report(rows: list[Row]) -> None:
     summaries = summarize(rows)
     rounds = max(s.rounds for s in summaries)
@@ -652,18 +667,30 @@ def report(rows: list[Row]) -> None:
             ],
         )
     )
-    by = {(s.target, s.workload): s for s in summaries}
     ratio_rows = []
     for s in summaries:
-        fw = by.get(("forwarder", s.workload))
-        if s.target == "forwarder" or fw is None:
+        pairs = paired(rows, s.target, s.workload) if s.target != "forwarder" else []
+        if not pairs:
             continue
-        throughput = s.rps / fw.rps if fw.rps else float("nan")
-        p99 = s.p99_ms / fw.p99_ms if fw.p99_ms else float("nan")
-        ratio_rows.append([s.target, s.workload, f"{throughput:.2f}x", f"{p99:.2f}x"])
+        throughput, p99 = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+        ratio_rows.append(
+            [
+                s.target,
+                s.workload,
+                f"{throughput:.2f}x",
+                f"{p99:.2f}x",
+                " ".join(f"{t:.2f}/{q:.2f}" for t, q in pairs),
+            ]
+        )
     if ratio_rows:
         print()
-        print(table(["target", "workload", "req/s vs forwarder", "p99 vs forwarder"], ratio_rows))
+        print("ratios to the forwarder measured in the same round; the median of the rounds")
+        print(
+            table(
+                ["target", "workload", "req/s vs forwarder", "p99 vs forwarder", "each round"],
+                ratio_rows,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -215,6 +215,8 @@ async def test_the_database_refuses_update_and_delete_of_audit_rows(
         "UPDATE audit_events SET chain_pos = 9, prev_hash = 'p', hash = 'h',"
         " sealed_at = now(), reason = 'edited' WHERE seq = 3",
         "UPDATE audit_events SET chain_pos = 9 WHERE seq = 3",
+        "UPDATE audit_events SET chain_pos = 9, prev_hash = 'p', hash = 'h',"
+        """ sealed_at = now(), arguments = '{"x": 1}', run_id = 'run_x' WHERE seq = 3""",
         "DELETE FROM audit_events WHERE seq = 1",
         "DELETE FROM audit_events WHERE seq = 3",
         "DELETE FROM audit_events",
