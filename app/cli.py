@@ -141,6 +141,8 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         log_level="info",
         log_config=log_config(),
         access_log=False,  # one JSON line per decision and outcome says more, for less
+        proxy_headers=False,  # nothing here reads the client's address
+        server_header=False,
     )
     return 0
 
