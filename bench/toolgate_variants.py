@@ -16,6 +16,14 @@ Tweaks (comma-separated, ``--tweaks``):
 * ``count_queries`` -- no change in behaviour: every SQL statement the pool runs (BEGIN,
   COMMIT and asyncpg's reset included) is counted by kind, and the counts are written to
   stderr as one ``QUERY_COUNTS {...}`` JSON line at shutdown.
+* ``no_spans`` -- a tracer provider whose sampler records nothing;
+* ``quiet_logs`` -- toolgate's loggers at WARNING (no line per decision);
+* ``orjson_canonical`` -- an upper bound for a faster canonical JSON: orjson with sorted
+  keys in place of ``rfc8785`` (not exact RFC 8785; for sizing only);
+* ``no_sealer`` -- no audit sealing at all.
+
+``no_access_log`` and ``no_pool_reset`` have since been adopted in app/; ``no_sealer_wake``
+describes the sealer as it is.
 
 Run: ``python bench/toolgate_variants.py --port 8282 --tweaks no_access_log,no_pool_reset``.
 """
