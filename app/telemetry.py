@@ -3,12 +3,13 @@
 Spans: one SERVER span per HTTP request (``TelemetryMiddleware``, which continues an incoming
 ``traceparent``) and one CLIENT span per provider request (``tool_call`` / ``owner_lookup``),
 whose own context is what the provider receives as ``traceparent``. Execute calls carry the
-OpenTelemetry GenAI ``execute_tool`` attributes. Spans are always created, so trace ids
-propagate; they leave the process only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+OpenTelemetry GenAI ``execute_tool`` attributes. A request span is always created, so trace
+ids propagate; spans leave the process only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
 ``..._TRACES_ENDPOINT``) is set, through a ``BatchSpanProcessor`` whose exporter thread keeps
-network I/O off the event loop. Until a span processor is installed spans are non-recording
-(``WhileExporting``): their ids still reach log lines and providers, but no attributes are
-built that nothing would read, which costs a third of a span's price.
+network I/O off the event loop, sampled as ``OTEL_TRACES_SAMPLER`` says. Until a span
+processor is installed spans are non-recording (``WhileExporting``) and provider calls make
+none of their own: the ids still reach log lines and providers, and nothing is built that
+nothing would read.
 
 Services report through three one-line hooks: ``bind_call`` (the call a request is deciding),
 ``decided`` (an allow or a denial, where it is stored) and ``executed`` (an outcome). Nothing
@@ -35,7 +36,6 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
-    ALWAYS_ON,
     ParentBased,
     Sampler,
     SamplingResult,
@@ -69,13 +69,15 @@ class WhileExporting(Sampler):
 
     Before ``add_span_processor``: a span is recorded only under a caller's sampled parent, so
     the caller's trace stays sampled for the providers downstream; every other span is
-    non-recording but still has ids. After: every span is recorded (parent-based, always on).
+    non-recording but still has ids. After: ``exporting`` decides (by default the SDK's
+    sampler from ``OTEL_TRACES_SAMPLER``, parent-based and always on unless set).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, exporting: Sampler | None = None) -> None:
         self.exporting = False
         self._idle = ParentBased(ALWAYS_OFF)
-        self._on = ParentBased(ALWAYS_ON)
+        # The SDK reads OTEL_TRACES_SAMPLER (and _ARG) when it is given no sampler.
+        self._on = exporting or TracerProvider(shutdown_on_exit=False).sampler
 
     def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
         return (self._on if self.exporting else self._idle).should_sample(*args, **kwargs)

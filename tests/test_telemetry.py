@@ -434,3 +434,18 @@ def test_otlp_export_is_installed_only_when_an_endpoint_is_configured() -> None:
         "http://c/t"
     )
     assert telemetry.otlp_endpoint({**env, "OTEL_TRACES_EXPORTER": "none"}) is None
+
+
+def test_an_exporting_provider_samples_as_otel_traces_sampler_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+    exporting = telemetry.build_provider(env)
+    assert not exporting.get_tracer("t").start_span("sampled out").is_recording()
+    exporting.shutdown()
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "1.0")
+    exporting = telemetry.build_provider(env)
+    assert exporting.get_tracer("t").start_span("sampled in").is_recording()
+    exporting.shutdown()
