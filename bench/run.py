@@ -92,7 +92,7 @@ class Row:
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per measured run")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up per run")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of warm-up per run")
     parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
     parser.add_argument("--threads", type=int, default=1, help="wrk threads (2 cores here)")
     parser.add_argument(
