@@ -111,7 +111,7 @@ def _args() -> argparse.Namespace:
         default=[],
         metavar="TWEAKS",
         help="also measure toolgate with bench/toolgate_variants.py tweaks (comma-separated, "
-        "e.g. no_access_log,no_pool_reset,no_sealer_wake); repeatable",
+        "e.g. no_spans,quiet_logs); repeatable",
     )
     parser.add_argument(
         "--count-queries",

@@ -7,10 +7,6 @@ An experiment only: the tweaks belong in app/ if the figures justify them. ``ben
 
 Tweaks (comma-separated, ``--tweaks``):
 
-* ``no_access_log`` -- uvicorn without its per-request access log line;
-* ``no_pool_reset`` -- asyncpg pool ``reset=`` a no-op: asyncpg still rolls back an open
-  transaction on release, but skips its ``RESET ALL; UNLISTEN *; pg_advisory_unlock_all()...``
-  round trip (toolgate keeps no session state on pooled connections);
 * ``no_sealer_wake`` -- the audit sealer (``app/audit/sealer.py``) is no longer woken after
   every POST; it seals on its periodic tick only (bigger batches, fewer passes).
 * ``count_queries`` -- no change in behaviour: every SQL statement the pool runs (BEGIN,
@@ -18,14 +14,12 @@ Tweaks (comma-separated, ``--tweaks``):
   stderr as one ``QUERY_COUNTS {...}`` JSON line at shutdown.
 * ``no_spans`` -- a tracer provider whose sampler records nothing;
 * ``quiet_logs`` -- toolgate's loggers at WARNING (no line per decision);
-* ``orjson_canonical`` -- an upper bound for a faster canonical JSON: orjson with sorted
-  keys in place of ``rfc8785`` (not exact RFC 8785; for sizing only);
 * ``no_sealer`` -- no audit sealing at all.
 
-``no_access_log`` and ``no_pool_reset`` have since been adopted in app/; ``no_sealer_wake``
-describes the sealer as it is.
+Earlier tweaks that app/ has since adopted (no access log, no asyncpg reset on release, a
+faster canonical JSON) are gone; see ``bench/README.md`` for what they measured.
 
-Run: ``python bench/toolgate_variants.py --port 8282 --tweaks no_access_log,no_pool_reset``.
+Run: ``python bench/toolgate_variants.py --port 8282 --tweaks no_spans,quiet_logs``.
 """
 
 from __future__ import annotations
@@ -39,31 +33,15 @@ from collections import Counter
 from typing import Any
 
 TWEAKS = (
-    "no_access_log",
-    "no_pool_reset",
     "no_sealer_wake",
     "count_queries",
     "no_spans",
     "quiet_logs",
-    "orjson_canonical",
     "no_sealer",
 )
 
 
 def apply(tweaks: set[str]) -> None:
-    if "no_pool_reset" in tweaks:
-        import asyncpg
-
-        real_create_pool = asyncpg.create_pool
-
-        async def no_reset(conn: Any) -> None:
-            return None
-
-        def create_pool(*args: Any, **kwargs: Any) -> Any:
-            kwargs.setdefault("reset", no_reset)
-            return real_create_pool(*args, **kwargs)
-
-        asyncpg.create_pool = create_pool
     if "count_queries" in tweaks:
         count_queries()
     if "no_sealer_wake" in tweaks:
@@ -84,11 +62,6 @@ def apply(tweaks: set[str]) -> None:
 
         real_config = logs.log_config
         logs.log_config = lambda level="INFO": real_config("WARNING")  # type: ignore[assignment]
-    if "orjson_canonical" in tweaks:
-        import orjson
-        import rfc8785
-
-        rfc8785.dumps = lambda d: orjson.dumps(d, option=orjson.OPT_SORT_KEYS)  # type: ignore[assignment]
     if "no_sealer" in tweaks:
         import asyncio
 
@@ -154,16 +127,6 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown tweaks: {sorted(unknown)}")
     apply(tweaks)
-    if "no_access_log" in tweaks:
-        import uvicorn
-
-        real_run = uvicorn.run
-
-        def run(*args: Any, **kwargs: Any) -> None:
-            kwargs["access_log"] = False
-            real_run(*args, **kwargs)
-
-        uvicorn.run = run
     from app.cli import main as toolgate
 
     return toolgate(["serve", "--host", ns.host, "--port", str(ns.port), "--workers", "1"])
