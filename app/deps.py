@@ -40,7 +40,14 @@ async def authenticate(request: Request) -> Principal:
 
 
 async def read_body(request: Request, model: type[Body]) -> Body:
-    """The JSON body as ``model``, validated by pydantic-core straight from the bytes."""
+    """The JSON body as ``model``, validated by pydantic-core straight from the bytes. As
+    FastAPI's strict content type: a body not declared ``application/json`` (or ``+json``)
+    is refused, not guessed at."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        raise InvalidRequest("the request body must be JSON (Content-Type: application/json)")
     try:
         return model.model_validate_json(await request.body())
     except ValidationError as exc:

@@ -175,6 +175,11 @@ async def test_malformed_bodies_are_invalid_requests(
         {"json": {"tool": "get_order", "arguments": ["x"]}},
         {"json": {"arguments": {}}},
         {"content": b"{not json", "headers": {"content-type": "application/json"}},
+        {"content": b'{"tool": "get_order", "arguments": {}}'},
+        {
+            "content": b'{"tool": "get_order", "arguments": {}}',
+            "headers": {"content-type": "text/plain"},
+        },
     ]
     for case in cases:
         headers = {**auth(), **case.pop("headers", {})}  # type: ignore[dict-item]
@@ -182,6 +187,15 @@ async def test_malformed_bodies_are_invalid_requests(
         assert response.status_code == 400, response.text
         assert response.json()["code"] == "invalid_request"
     assert await db.fetchval("SELECT count(*) FROM calls") == 0
+
+
+async def test_a_json_body_may_name_its_charset(client: httpx.AsyncClient, auth: Auth) -> None:
+    response = await client.post(
+        "/propose",
+        content=b'{"tool": "get_order", "arguments": {"order_id": "ord_1"}}',
+        headers={**auth(), "content-type": "application/json; charset=utf-8"},
+    )
+    assert response.status_code == 200, response.text
 
 
 async def test_a_read_executes_trimmed_with_identity_headers(
