@@ -69,15 +69,15 @@ class WhileExporting(Sampler):
 
     Before ``add_span_processor``: a span is recorded only under a caller's sampled parent, so
     the caller's trace stays sampled for the providers downstream; every other span is
-    non-recording but still has ids. After: ``exporting`` decides (by default the SDK's
-    sampler from ``OTEL_TRACES_SAMPLER``, parent-based and always on unless set).
+    non-recording but still has ids. After: the SDK's sampler from ``OTEL_TRACES_SAMPLER``
+    decides (parent-based and always on unless set).
     """
 
-    def __init__(self, exporting: Sampler | None = None) -> None:
+    def __init__(self) -> None:
         self.exporting = False
         self._idle = ParentBased(ALWAYS_OFF)
         # The SDK reads OTEL_TRACES_SAMPLER (and _ARG) when it is given no sampler.
-        self._on = exporting or TracerProvider(shutdown_on_exit=False).sampler
+        self._on = TracerProvider(shutdown_on_exit=False).sampler
 
     def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
         return (self._on if self.exporting else self._idle).should_sample(*args, **kwargs)
@@ -219,7 +219,7 @@ class ProviderCall:
     nothing would read it, and the provider is told the request's span as its parent.
     """
 
-    __slots__ = ("_attributes", "_endpoint", "_name", "_own", "_provider", "_span", "_started")
+    __slots__ = ("_attributes", "_endpoint", "_name", "_provider", "_span", "_started")
 
     def __init__(
         self, name: str, provider: str, endpoint: str, attributes: dict[str, Any] | None
@@ -227,7 +227,6 @@ class ProviderCall:
         self._name, self._provider, self._endpoint = name, provider, endpoint
         self._attributes = attributes
         self._span: trace.Span = trace.INVALID_SPAN
-        self._own = attributes is not None
         self._started = 0.0
 
     def __enter__(self) -> ProviderCall:
@@ -243,7 +242,7 @@ class ProviderCall:
     def inject(self, headers: dict[str, str]) -> None:
         """Add ``traceparent`` naming this call's span, or else the request's, as the
         provider's parent. The request's is made once per request."""
-        fields = _fields.get() if not self._own else None
+        fields = _fields.get() if self._attributes is None else None
         if fields is None:
             propagate.inject(headers, context=trace.set_span_in_context(self._span))
             return
@@ -253,7 +252,7 @@ class ProviderCall:
         headers.update(fields.propagated)
 
     def answered(self, status: int) -> None:
-        if not self._own:
+        if self._attributes is None:
             return
         self._span.set_attribute("http.response.status_code", status)
         if status >= 500:
@@ -269,7 +268,7 @@ class ProviderCall:
         metrics.provider_seconds(self._provider, self._endpoint).observe(
             time.perf_counter() - self._started
         )
-        if not self._own:
+        if self._attributes is None:
             return
         if exc_type is not None:
             # The class only: transport messages can quote the URL, arguments included.
