@@ -116,6 +116,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
     """Check everything a worker would, so a bad start fails here with a clear message."""
     import uvicorn
 
+    from app.audit import sealer
     from app.catalog.loader import CatalogError
     from app.errors import Unavailable
     from app.logs import log_config
@@ -130,20 +131,25 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         raise ConfigError(f"invalid catalog:\n{exc}") from None
     except Unavailable as exc:
         raise ConfigError(exc.detail) from None
-    uvicorn.run(
-        "app.main:serve_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        loop="uvloop",
-        http="httptools",
-        log_level="info",
-        log_config=log_config(),
-        access_log=False,  # one JSON line per decision and outcome says more, for less
-        proxy_headers=False,  # nothing here reads the client's address
-        server_header=False,
-    )
+    sealing = sealer.spawn()
+    try:
+        uvicorn.run(
+            "app.main:serve_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            loop="uvloop",
+            http="httptools",
+            log_level="info",
+            log_config=log_config(),
+            access_log=False,  # one JSON line per decision and outcome says more, for less
+            proxy_headers=False,  # nothing here reads the client's address
+            server_header=False,
+        )
+    finally:
+        sealing.terminate()
+        sealing.wait(timeout=5)
     return 0
 
 

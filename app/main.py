@@ -109,7 +109,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.set_threshold(GC_THRESHOLD)
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = {asyncio.create_task(purge_expired_records(state))}
-    tasks.add(audit_sealer.start(app, state.db))
+    if app.state.seal_in_lifespan:
+        tasks.add(audit_sealer.start(state.db))
 
     def on_sighup() -> None:
         task = asyncio.create_task(reload_catalog(state))
@@ -127,12 +128,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await telemetry.flush()
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
+    """``sealer=False``: audit rows are sealed elsewhere (``toolgate serve``'s own process)."""
     telemetry.setup(settings.env)
     app = FastAPI(
         title="toolgate", lifespan=lifespan, openapi_url=None, telemetry=telemetry.FASTAPI_OFF
     )
     app.state.settings = settings
+    app.state.seal_in_lifespan = sealer
     # Routes are matched in order: the decision endpoints, the busiest, first.
     app.include_router(calls.router)
     app.include_router(approvals.router)
@@ -141,7 +144,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(audit.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
-    app.add_middleware(audit_sealer.WakeSealer)
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:
@@ -163,5 +165,6 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def serve_app() -> FastAPI:
-    """Factory for uvicorn workers: settings from the environment."""
-    return create_app(Settings.from_env())
+    """Factory for ``toolgate serve``'s uvicorn workers: settings from the environment, and
+    sealing left to the sealer process ``serve`` runs beside them."""
+    return create_app(Settings.from_env(), sealer=False)

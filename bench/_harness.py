@@ -217,8 +217,10 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def tree_rss_kb(pid: int) -> int:
-    return sum(_status_kb(p, "VmRSS") for p in _descendants(pid))
+def largest_rss_kb(pid: int) -> int:
+    """VmRSS of the biggest process in the tree: a worker's (toolgate serve's leader, with
+    one worker), not its sealer's."""
+    return max(_status_kb(p, "VmRSS") for p in _descendants(pid))
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -270,7 +272,7 @@ def hwm_kb(pid: int) -> int:
 
 @dataclass
 class RssSampler:
-    """Polls the summed VmRSS of each watched process tree; keeps the peak per window."""
+    """Polls the largest VmRSS in each watched process tree; keeps the peak per window."""
 
     pids: dict[str, int]
     interval_s: float = 0.2
@@ -283,7 +285,7 @@ class RssSampler:
         with self._lock:
             pids = dict(self.pids)
         for name, pid in pids.items():
-            rss = tree_rss_kb(pid)
+            rss = largest_rss_kb(pid)
             with self._lock:
                 self._peak[name] = max(self._peak.get(name, 0), rss)
 

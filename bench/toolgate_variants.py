@@ -7,17 +7,16 @@ An experiment only: the tweaks belong in app/ if the figures justify them. ``ben
 
 Tweaks (comma-separated, ``--tweaks``):
 
-* ``no_sealer_wake`` -- the audit sealer (``app/audit/sealer.py``) is no longer woken after
-  every POST; it seals on its periodic tick only (bigger batches, fewer passes).
 * ``count_queries`` -- no change in behaviour: every SQL statement the pool runs (BEGIN,
   COMMIT and asyncpg's reset included) is counted by kind, and the counts are written to
-  stderr as one ``QUERY_COUNTS {...}`` JSON line at shutdown.
+  stderr as one ``QUERY_COUNTS {...}`` JSON line at shutdown. Only the worker's: the audit
+  sealer runs in a process of its own.
 * ``no_spans`` -- a tracer provider whose sampler records nothing;
-* ``quiet_logs`` -- toolgate's loggers at WARNING (no line per decision);
-* ``no_sealer`` -- no audit sealing at all.
+* ``quiet_logs`` -- toolgate's loggers at WARNING (no line per decision).
 
 Earlier tweaks that app/ has since adopted (no access log, no asyncpg reset on release, a
-faster canonical JSON) are gone; see ``bench/README.md`` for what they measured.
+faster canonical JSON) or made moot (the sealer's wake-ups, no sealer: sealing has left the
+worker) are gone; see ``bench/README.md`` for what they measured.
 
 Run: ``python bench/toolgate_variants.py --port 8282 --tweaks no_spans,quiet_logs``.
 """
@@ -33,24 +32,15 @@ from collections import Counter
 from typing import Any
 
 TWEAKS = (
-    "no_sealer_wake",
     "count_queries",
     "no_spans",
     "quiet_logs",
-    "no_sealer",
 )
 
 
 def apply(tweaks: set[str]) -> None:
     if "count_queries" in tweaks:
         count_queries()
-    if "no_sealer_wake" in tweaks:
-        from app.audit import sealer
-
-        def no_wake(self: Any) -> None:
-            return None
-
-        sealer.Sealer.wake = no_wake  # type: ignore[method-assign]
     if "no_spans" in tweaks:
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
@@ -62,15 +52,6 @@ def apply(tweaks: set[str]) -> None:
 
         real_config = logs.log_config
         logs.log_config = lambda level="INFO": real_config("WARNING")  # type: ignore[assignment]
-    if "no_sealer" in tweaks:
-        import asyncio
-
-        from app.audit import sealer
-
-        async def idle() -> None:
-            await asyncio.Event().wait()
-
-        sealer.start = lambda app, db: asyncio.create_task(idle())  # type: ignore[assignment]
 
 
 def _kind(sql: str) -> str:

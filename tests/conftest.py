@@ -36,7 +36,29 @@ REDIS_PREFIX = f"toolgate-test-{RUN}:"
 
 @pytest.fixture(scope="session")
 async def database_url() -> AsyncIterator[str]:
-    name = f"toolgate_test_{RUN}"
+    async with fresh_database(f"toolgate_test_{RUN}") as url:
+        yield url
+
+
+@pytest.fixture
+async def lone_database() -> AsyncIterator[str]:
+    """A migrated database of its own, where no test app's audit sealer runs."""
+    async with fresh_database(f"toolgate_test_{RUN}_lone") as url:
+        yield url
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie nobody has reaped yet (an orphan's new parent may not be quick)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@asynccontextmanager
+async def fresh_database(name: str) -> AsyncIterator[str]:
+    """A migrated database ``name``, dropped afterwards."""
     admin = await asyncpg.connect(ADMIN_DSN)
     await admin.execute(f'CREATE DATABASE "{name}"')
     url = ADMIN_DSN.rsplit("/", 1)[0] + f"/{name}"

@@ -22,7 +22,7 @@ from app.audit.models import AuditRow
 from app.audit.service import verify
 from app.audit.store import AuditEvent, append
 from app.db import Database
-from tests.conftest import ROOT, running_app
+from tests.conftest import ROOT, exited, running_app
 from tests.flows import Flow, refund_args
 
 Auth = Callable[..., dict[str, str]]
@@ -118,7 +118,7 @@ async def test_rows_are_sealed_right_after_requests_and_the_chain_verifies(
     )
     assert denied.status_code == 403
     elapsed = await wait_until_sealed(db, 3)
-    assert elapsed < sealer.TICK_S / 2, "sealed on the wake-up after the request, not the tick"
+    assert elapsed < 5 * sealer.EVERY_S, "sealed by the next passes, not much later"
     report = (await client.get("/audit/verify", headers=admin(auth))).json()
     assert report == {
         "ok": True,
@@ -314,6 +314,46 @@ async def test_concurrent_writes_from_two_instances_end_in_one_valid_chain(
     assert [p["chain_pos"] for p in positions] == list(range(1, 61))
     report = (await client.get("/audit/verify", headers=admin(auth))).json()
     assert (report["ok"], report["checked"], report["unsealed"]) == (True, 60, 0)
+
+
+STAND_IN = """
+import time
+from app.audit import sealer
+print(sealer.spawn().pid, flush=True)
+time.sleep(120)
+"""
+
+
+async def test_the_sealer_process_seals_and_ends_when_its_parent_is_killed(
+    lone_database: str, tmp_path: Any
+) -> None:
+    """``toolgate serve``'s sealer process: it seals what is committed, and a ``kill -9`` of
+    serve (no cleanup runs) does not leave it behind."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    db = await connect(lone_database)
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        env={**os.environ, "TOOLGATE_DATABASE_URL": lone_database},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(await asyncio.wait_for(asyncio.to_thread(parent.stdout.readline), 30))
+        await insert(db, 3)
+        await wait_until_sealed(db, 3)
+        assert not exited(child)
+    finally:
+        parent.kill()
+        parent.communicate()
+        await db.close()
+    deadline = time.monotonic() + 10 * sealer.EVERY_S
+    while not exited(child) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert exited(child), "the sealer outlived its parent"
 
 
 def toolgate_audit_verify(**variables: str) -> subprocess.CompletedProcess[str]:

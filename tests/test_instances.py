@@ -17,7 +17,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.conftest import Providers
+from tests.conftest import Providers, exited
 from tests.flows import Auth, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
@@ -171,3 +171,44 @@ async def test_sighup_reloads_the_catalog_and_a_broken_one_is_refused(
             assert (await c.get("/readyz")).json()["checks"]["catalog"] == after
     finally:
         instance.stop()
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+async def test_serve_seals_in_a_process_of_its_own_and_stops_it(
+    env: dict[str, str], lone_database: str, auth: Auth
+) -> None:
+    """Its workers seal nothing (``serve_app``); the sealer process beside them does, and
+    ends with serve. The database is this test's own, so no other sealer can be at work."""
+    instance = Instance({**env, "TOOLGATE_DATABASE_URL": lone_database})
+    db = await asyncpg.connect(lone_database)
+    try:
+        await instance.ready()
+        sealers = children(instance.process.pid)
+        assert len(sealers) == 1, "serve (one worker) runs exactly one child: the sealer"
+        async with httpx.AsyncClient(base_url=instance.url) as c:
+            flow = Flow(c, auth)
+            await flow.propose("get_order", {"order_id": "ord_1"})
+            await flow.propose("get_order", {"order_id": "ord_2"})
+        deadline = time.monotonic() + 5
+        while await db.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL") != 0:
+            assert time.monotonic() < deadline, "rows were not sealed"
+            await asyncio.sleep(0.05)
+        assert await db.fetchval("SELECT count(*) FROM audit_events") == 2
+    finally:
+        instance.stop()
+        await db.close()
+    deadline = time.monotonic() + 5
+    while not exited(sealers[0]):
+        assert time.monotonic() < deadline, "the sealer outlived serve"
+        await asyncio.sleep(0.05)

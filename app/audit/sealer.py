@@ -19,11 +19,13 @@ sealer writes ``chain_pos``/``prev_hash``/``hash`` onto committed rows right aft
   the chain is ordered by ``chain_pos`` (sealing order), not by seq, so verify tells a
   skipped seq (no sealed row ever held it) from a deleted row (a hole in ``chain_pos``, a
   broken ``prev_hash`` link, or a chain shorter than its recorded head).
-- **Promptly.** ``WakeSealer`` wakes this instance's sealer once a request that may have
-  written audit rows has been answered (its transactions are committed by then), and a
-  periodic tick covers rows committed by other instances, grace expiries and missed wakes.
-  Wake-ups within ``COALESCE_S`` share one pass, so a busy instance runs a handful of
-  passes a second, not one per request. Only the pass itself serializes, never a request.
+- **Promptly, off the request path.** A pass runs every ``EVERY_S``, so a row is sealed
+  within about that long after it commits, whichever instance wrote it; an idle pass is one
+  short transaction that finds nothing. ``toolgate serve`` runs the passes in a process of
+  their own (``spawn``: ``python -m app.audit.sealer``), so hashing and sealing never take
+  CPU from its workers' requests, and one sealer per instance tries the lock, not one per
+  worker. An app run any other way (tests, embedding) seals in a task of its lifespan
+  (``start``).
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import logging.config
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
-
-from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.audit import chain, store
 from app.audit.models import ChainHead
@@ -43,9 +47,7 @@ from app.db import Database
 from app.errors import Unavailable
 
 GRACE_S = 5.0
-TICK_S = 1.0
-COALESCE_S = 0.1
-"""After a wake-up, wait this long so a burst of requests is sealed in one pass."""
+EVERY_S = 0.2
 BATCH = 500
 BUSY_RETRY_S = 0.05
 BUSY_RETRIES = 40
@@ -105,30 +107,22 @@ async def seal_all(db: Database, grace_s: float = GRACE_S) -> int:
 
 
 class Sealer:
-    """This instance's background sealer: a pass after every wake-up and every tick."""
+    """Sealing passes every ``EVERY_S``, each run until nothing sealable is left."""
 
-    def __init__(self, db: Database, grace_s: float = GRACE_S, tick_s: float = TICK_S) -> None:
+    def __init__(self, db: Database, grace_s: float = GRACE_S, every_s: float = EVERY_S) -> None:
         self._db = db
         self._grace_s = grace_s
-        self._tick_s = tick_s
-        self._wake = asyncio.Event()
-
-    def wake(self) -> None:
-        self._wake.set()
+        self._every_s = every_s
 
     async def run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._tick_s):
-                    await self._wake.wait()
-            await asyncio.sleep(COALESCE_S)
-            self._wake.clear()
             try:
                 await self._drain()
             except Unavailable:
                 log.warning("audit sealing postponed: database unavailable")
             except Exception:
                 log.exception("audit sealing pass failed; retrying on the next tick")
+            await asyncio.sleep(self._every_s)
 
     async def _drain(self) -> None:
         busy = 0
@@ -141,25 +135,58 @@ class Sealer:
                 return
 
 
-def start(app: FastAPI, db: Database) -> asyncio.Task[None]:
-    """Start the sealer for the lifespan; ``WakeSealer`` finds it on ``app.state``."""
-    sealer = Sealer(db)
-    app.state.audit_sealer = sealer
-    return asyncio.create_task(sealer.run())
+def start(db: Database) -> asyncio.Task[None]:
+    """Seal in a task of the running loop (an app not run by ``toolgate serve``)."""
+    return asyncio.create_task(Sealer(db).run())
 
 
-class WakeSealer:
-    """ASGI middleware: once a request that may have written audit rows has been answered,
-    wake this instance's sealer. Reads (GET, HEAD, OPTIONS) write none."""
+def spawn() -> subprocess.Popen[bytes]:
+    """Start this instance's sealer process, configured by the same ``TOOLGATE_*``
+    environment, logging to the same stderr. It stops on SIGTERM or SIGINT, or by itself
+    within ``EVERY_S`` once this process is gone (even killed, when no cleanup runs)."""
+    command = [sys.executable, "-m", __name__, str(os.getpid())]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+def main(parent: int) -> None:
+    import uvloop
+
+    from app.logs import log_config
+    from app.settings import Settings
+
+    logging.config.dictConfig(log_config())
+    try:
+        uvloop.run(_seal_while_alive(Settings.from_env().check_database(), parent))
+    finally:
+        logging.shutdown()
+
+
+async def _seal_while_alive(database_url: str, parent: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    db = Database(database_url)
+    while not stop.is_set() and os.getppid() == parent:
         try:
-            await self.app(scope, receive, send)
-        finally:
-            if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
-                sealer = getattr(getattr(scope.get("app"), "state", None), "audit_sealer", None)
-                if isinstance(sealer, Sealer):
-                    sealer.wake()
+            await db.open(min_size=1, max_size=1)
+            break
+        except Unavailable as exc:
+            log.warning("audit sealer waiting for the database: %s", exc.detail)
+            await asyncio.sleep(1.0)
+    else:
+        return
+    sealer = asyncio.create_task(Sealer(db).run())
+    try:
+        while not stop.is_set() and os.getppid() == parent:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), EVERY_S)
+    finally:
+        sealer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sealer
+        await db.close()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
