@@ -189,6 +189,23 @@ async def test_malformed_bodies_are_invalid_requests(
     assert await db.fetchval("SELECT count(*) FROM calls") == 0
 
 
+async def test_decision_paths_answer_other_methods_and_near_misses_as_fastapi_does(
+    client: httpx.AsyncClient, auth: Auth
+) -> None:
+    """The decision endpoints are served ahead of FastAPI (``main.DecisionLane``); anything
+    else on or near their paths still goes through it."""
+    for path in ("/propose", "/dry-run", "/execute", "/approve"):
+        response = await client.get(path, headers=auth())
+        assert response.status_code == 405, (path, response.text)
+        assert response.headers["content-type"] == "application/problem+json"
+        assert "POST" in response.headers["allow"]
+    unknown = await client.post("/execute/x", json={}, headers=auth())
+    assert (unknown.status_code, unknown.json()["code"]) == (404, "not_found")
+    unauthenticated = await client.post("/execute", json={})
+    assert (unauthenticated.status_code, unauthenticated.json()["code"]) == (401, "unauthenticated")
+    assert unauthenticated.headers["www-authenticate"] == "Bearer"
+
+
 async def test_a_json_body_may_name_its_charset(client: httpx.AsyncClient, auth: Auth) -> None:
     response = await client.post(
         "/propose",
