@@ -3,7 +3,9 @@
 aiohttp's client is used because it was measured at several times httpx's throughput under
 concurrency on this hardware (see ``bench/``). Library exceptions are translated here into
 two outcomes that matter for exactly-once: the request certainly did not reach the peer
-(``NotSent``), or it may have (``Uncertain``). Redirects are never followed.
+(``NotSent``), or it may have (``Uncertain``). Redirects are never followed, and cookies
+are never kept: one session serves every principal, so a cookie a provider set on one
+user's call would otherwise ride along on the next user's call to that host.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ class Outbound:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=256, ttl_dns_cache=60)
-        self._session = aiohttp.ClientSession(connector=connector)
+        self._session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+        )
 
     async def close(self) -> None:
         if self._session is not None:
