@@ -34,9 +34,7 @@ async def authenticate(request: Request) -> Principal:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("a Bearer token is required")
-    principal = await state_of(request).verifier.verify(token.strip())
-    request.state.principal = principal
-    return principal
+    return await state_of(request).verifier.verify(token.strip())
 
 
 async def read_body(request: Request, model: type[Body]) -> Body:
