@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import health, metrics, telemetry
 from app.approvals import router as approvals
@@ -32,7 +32,7 @@ from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
 from app.deps import malformed
-from app.errors import InvalidRequest, NotFound, ToolgateError, Unavailable
+from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.outbound import Outbound
 from app.responses import JSON, problem
@@ -41,6 +41,8 @@ from app.settings import ConfigError, Settings
 from app.state import AppState
 
 PURGE_EVERY_S = 60.0
+MAX_BODY_BYTES = 1 << 20
+"""Every request body, on every route: far above any tool call's arguments."""
 GC_THRESHOLD = 20_000
 """Young-generation collections after this many allocations (CPython's default: 700); a
 request allocates thousands of short-lived objects, and most die before any collection."""
@@ -130,6 +132,40 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await telemetry.flush()
 
 
+class BodyLimit:
+    """ASGI: no request body over ``MAX_BODY_BYTES``, refused as a problem (413,
+    ``invalid_request``). A declared ``Content-Length`` over it is answered before the app
+    runs; a longer body without one fails its read, which the app's handlers turn into the
+    same problem."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+                await problem(_too_large())(scope, receive, send)
+                return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > MAX_BODY_BYTES:
+                raise _too_large()
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _too_large() -> ToolgateError:
+    return ContentTooLarge(f"the request body is larger than {MAX_BODY_BYTES} bytes")
+
+
 class DecisionLane:
     """ASGI: the decision endpoints, served ahead of FastAPI's middleware and routing.
 
@@ -159,8 +195,9 @@ class DecisionLane:
 
 
 class Toolgate(FastAPI):
-    """FastAPI, timed by ``TelemetryMiddleware`` from the outside, with ``decisions`` in a
-    ``DecisionLane`` ahead of its stack (they stay in its routers too, for the 405s)."""
+    """FastAPI, timed by ``TelemetryMiddleware`` from the outside, bodies limited by
+    ``BodyLimit``, and ``decisions`` in a ``DecisionLane`` ahead of its stack (they stay in
+    its routers too, for the 405s)."""
 
     def __init__(self, decisions: list[Route], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -168,7 +205,7 @@ class Toolgate(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         lane = DecisionLane(self.decisions, super().build_middleware_stack())
-        return telemetry.TelemetryMiddleware(lane)
+        return telemetry.TelemetryMiddleware(BodyLimit(lane))
 
 
 def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import httpx
 
+from app.main import MAX_BODY_BYTES
 from tests.conftest import Providers
 
 Auth = Callable[..., dict[str, str]]
@@ -283,3 +284,29 @@ async def test_health_and_readiness(client: httpx.AsyncClient) -> None:
     assert ready.status_code == 200
     assert ready.json()["checks"]["database"] == "ok"
     assert ready.json()["checks"]["redis"] == "ok"
+
+
+async def test_a_body_over_the_limit_is_refused_as_a_problem(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection
+) -> None:
+    """Declared or streamed, on a decision endpoint or any other POST: 413, nothing stored."""
+    padding = "x" * MAX_BODY_BYTES
+    body = {"tool": "get_order", "arguments": {"order_id": "ord_1", "pad": padding}}
+    declared = await client.post("/propose", json=body, headers=auth())
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"tool": "get_order", "arguments": {"pad": "'
+        for _ in range(MAX_BODY_BYTES // 65536 + 1):
+            yield b"x" * 65536
+        yield b'"}}'
+
+    streamed = await client.post(
+        "/execute", content=chunks(), headers={**auth(), "content-type": "application/json"}
+    )
+    runs = await client.post("/runs", json={"limits": {"pad": padding}}, headers=auth())
+    for response in (declared, streamed, runs):
+        assert response.status_code == 413, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["code"] == "invalid_request"
+    assert await db.fetchval("SELECT count(*) FROM calls") == 0
+    assert await db.fetchval("SELECT count(*) FROM runs") == 0
