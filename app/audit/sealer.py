@@ -109,10 +109,8 @@ async def seal_all(db: Database, grace_s: float = GRACE_S) -> int:
 class Sealer:
     """Sealing passes every ``EVERY_S``, each run until nothing sealable is left."""
 
-    def __init__(self, db: Database, grace_s: float = GRACE_S, every_s: float = EVERY_S) -> None:
+    def __init__(self, db: Database) -> None:
         self._db = db
-        self._grace_s = grace_s
-        self._every_s = every_s
 
     async def run(self) -> None:
         while True:
@@ -122,12 +120,12 @@ class Sealer:
                 log.warning("audit sealing postponed: database unavailable")
             except Exception:
                 log.exception("audit sealing pass failed; retrying on the next tick")
-            await asyncio.sleep(self._every_s)
+            await asyncio.sleep(EVERY_S)
 
     async def _drain(self) -> None:
         busy = 0
         while True:
-            result = await seal_pending(self._db, self._grace_s)
+            result = await seal_pending(self._db)
             if result.busy and busy < BUSY_RETRIES:
                 busy += 1
                 await asyncio.sleep(BUSY_RETRY_S)
@@ -166,8 +164,12 @@ async def _seal_while_alive(database_url: str, parent: int) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+
+    def running() -> bool:
+        return not stop.is_set() and os.getppid() == parent
+
     db = Database(database_url)
-    while not stop.is_set() and os.getppid() == parent:
+    while running():
         try:
             await db.open(min_size=1, max_size=1)
             break
@@ -176,9 +178,9 @@ async def _seal_while_alive(database_url: str, parent: int) -> None:
             await asyncio.sleep(1.0)
     else:
         return
-    sealer = asyncio.create_task(Sealer(db).run())
+    sealer = start(db)
     try:
-        while not stop.is_set() and os.getppid() == parent:
+        while running():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), EVERY_S)
     finally:
