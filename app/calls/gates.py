@@ -1,5 +1,6 @@
-"""What a mutation's first call must show before it may run: an approval that is approved,
-unexpired, unused and bound to exactly this request, or an unexpired dry-run of it."""
+"""What a mutation's first call must show before it may run: an approval of this call that
+is approved, unexpired, unused and bound to exactly this request, or an unexpired dry-run
+of it."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ async def valid_approval(state: AppState, attempt: Attempt, body: ExecuteBody) -
         )
     if approval is None or approval.tenant != principal.tenant:
         raise ApprovalRequired("no such approval")
+    if body.call_id not in (None, approval.call_id):
+        raise ApprovalRequired("the approval was given for another call")
     if approval.decision == "reject":
         raise ApprovalRejected("the approver rejected this call")
     if approval.expires_at <= datetime.now(UTC):
