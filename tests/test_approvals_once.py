@@ -1,6 +1,6 @@
 """A call is decided once: at most one live approval, a rejection is final, an executed call
-is not approved again. Through the ASGI app against real PostgreSQL, Redis and the demo
-providers, which count effects."""
+is not approved again, and an approved call still needs its dry-run to be unexpired. Through
+the ASGI app against real PostgreSQL, Redis and the demo providers, which count effects."""
 
 from __future__ import annotations
 
@@ -251,6 +251,32 @@ async def copy_approval(
         decision,
     )
     return new_id
+
+
+async def test_an_expired_dry_run_blocks_an_approved_call(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    call_id, snapshot = await previewed(flow)
+    approval_id = (await flow.approve(call_id, snapshot)).json()["approval_id"]
+    await db.execute("UPDATE dry_runs SET expires_at = now() - interval '1 second'")
+    for extra in ({}, {"call_id": call_id}):
+        response = await flow.execute(
+            "issue_refund", refund_args(), new_key(), approval_id=approval_id, **extra
+        )
+        refused(response, 403, "dry_run_required")
+    assert await effects(providers) == 0
+    assert await db.fetchval("SELECT count(*) FROM executions") == 0
+    denials = await db.fetch(
+        "SELECT event, code, call_id FROM audit_events WHERE decision = 'deny' ORDER BY seq"
+    )
+    assert [(d["event"], d["code"]) for d in denials] == [("denied", "dry_run_required")] * 2
+    assert denials[1]["call_id"] == call_id
+    assert await db.fetchval("SELECT consumed_by FROM approvals") is None
+    # A fresh preview showing the same thing makes the approval usable again.
+    assert (await flow.dry_run(call_id))["snapshot_hash"] == snapshot
+    run = await flow.execute("issue_refund", refund_args(), new_key(), approval_id=approval_id)
+    assert run.json()["status"] == "succeeded", run.text
+    assert await effects(providers) == 1
 
 
 async def test_the_migration_keeps_the_first_of_several_rejections(database_url: str) -> None:
