@@ -18,11 +18,14 @@ from app.auth.principal import Principal
 from app.calls import policy
 from app.calls import store as calls
 from app.calls.decisions import owners_of
-from app.calls.models import CallRow, DryRunRow
+from app.calls.models import STARTED, CallRow, DryRunRow
 from app.calls.results import mask_arguments
 from app.catalog.models import Tool
+from app.db import Connection
 from app.errors import (
+    ApprovalConsumed,
     ApprovalMismatch,
+    ApprovalRejected,
     ApproverForbidden,
     DryRunRequired,
     InvalidRequest,
@@ -67,45 +70,86 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
         snapshot_hash=binding.snapshot_hash,
         expires_at=now + timedelta(seconds=tool.approval.ttl_s),
     )
-    authorized_by = {
-        "kind": "approval",
-        "sub": principal.sub,
-        "tenant": principal.tenant,
-        "approval_id": approval.id,
-        "policy_version": catalog.policy_version,
-    }
     async with state.db.transaction() as conn:
-        await store.insert(conn, approval)
-        await calls.set_state(
-            conn, call.id, "approved" if body.decision == "approve" else "rejected"
+        call_state = await calls.lock(conn, call.id)
+        repeated = _repeated(approval, call_state, await store.standing(conn, call.id))
+        if repeated is None:
+            await _record(conn, approval, call, tool, catalog.policy_version, started)
+    return _answer(repeated or approval)
+
+
+def _repeated(new: ApprovalRow, call_state: str, standing: list[ApprovalRow]) -> ApprovalRow | None:
+    """The stored decision that ``new`` repeats (a double click gets the first one's answer),
+    or ``None`` when ``new`` may be stored. A call is decided once: it holds at most one live
+    approval, a rejection is final, and a call that has run or is running is not decided
+    again. ``standing`` is read under the call's lock, so concurrent decisions take turns."""
+    if call_state in STARTED or any(a.consumed_by is not None for a in standing):
+        raise ApprovalConsumed(
+            "this call has already been executed; it cannot be decided again", call_id=new.call_id
         )
-        await append(
-            conn,
-            AuditEvent(
-                event="approved" if body.decision == "approve" else "rejected",
-                tenant=call.tenant,
-                actor=call.actor,
-                call_id=call.id,
-                run_id=call.run_id,
-                tool=call.tool,
-                target=call.target,
-                fingerprint=binding.fingerprint,
-                arguments=mask_arguments(call.arguments, tool.sensitive_args),
-                decision=body.decision,
-                reason=body.comment,
-                policy_version=catalog.policy_version,
-                approval_id=approval.id,
-                proposed_by=call.proposed_by,
-                authorized_by=authorized_by,
-                total_ms=(time.perf_counter() - started) * 1000,
-            ),
-        )
+    if not standing:
+        return None
+    prior = standing[0]
+    if (prior.approver, prior.decision, prior.binding) == (new.approver, new.decision, new.binding):
+        return prior
+    if prior.decision == "reject":
+        raise ApprovalRejected("this call was rejected; a rejection is final", call_id=new.call_id)
+    raise ApprovalConsumed(
+        "this call already holds a live approval; it can be decided again once that expires",
+        call_id=new.call_id,
+    )
+
+
+async def _record(
+    conn: Connection,
+    approval: ApprovalRow,
+    call: CallRow,
+    tool: Tool,
+    policy_version: str,
+    started: float,
+) -> None:
+    """Store the decision, move the call, and write its audit row."""
+    assert call.arguments is not None
+    await store.insert(conn, approval)
+    await calls.set_state(
+        conn, call.id, "approved" if approval.decision == "approve" else "rejected"
+    )
+    await append(
+        conn,
+        AuditEvent(
+            event="approved" if approval.decision == "approve" else "rejected",
+            tenant=call.tenant,
+            actor=call.actor,
+            call_id=call.id,
+            run_id=call.run_id,
+            tool=call.tool,
+            target=call.target,
+            fingerprint=approval.fingerprint,
+            arguments=mask_arguments(call.arguments, tool.sensitive_args),
+            decision=approval.decision,
+            reason=approval.comment,
+            policy_version=policy_version,
+            approval_id=approval.id,
+            proposed_by=call.proposed_by,
+            authorized_by={
+                "kind": "approval",
+                "sub": approval.approver,
+                "tenant": approval.tenant,
+                "approval_id": approval.id,
+                "policy_version": policy_version,
+            },
+            total_ms=(time.perf_counter() - started) * 1000,
+        ),
+    )
+
+
+def _answer(approval: ApprovalRow) -> dict[str, Any]:
     return {
         "approval_id": approval.id,
-        "call_id": call.id,
-        "decision": body.decision,
+        "call_id": approval.call_id,
+        "decision": approval.decision,
         "expires_at": approval.expires_at.isoformat(),
-        "binding": binding.as_dict(),
+        "binding": approval.binding.as_dict(),
     }
 
 

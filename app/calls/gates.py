@@ -1,5 +1,6 @@
-"""What a mutation's first call must show before it may run: an approval that is approved,
-unexpired, unused and bound to exactly this request, or an unexpired dry-run of it."""
+"""What a mutation's first call must show before it may run: an approval of this call that
+is approved, unexpired, unused and bound to exactly this request, and, for a tool that
+requires one, an unexpired dry-run of it."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ async def valid_approval(state: AppState, attempt: Attempt, body: ExecuteBody) -
         )
     if approval is None or approval.tenant != principal.tenant:
         raise ApprovalRequired("no such approval")
+    if body.call_id not in (None, approval.call_id):
+        raise ApprovalRequired("the approval was given for another call")
     if approval.decision == "reject":
         raise ApprovalRejected("the approver rejected this call")
     if approval.expires_at <= datetime.now(UTC):
@@ -45,6 +48,8 @@ async def valid_approval(state: AppState, attempt: Attempt, body: ExecuteBody) -
             "the approval was given for something else: " + ", ".join(mismatch),
             mismatch=mismatch,
         )
+    if call.tool.require_dry_run:
+        _check_fresh(dry_run)
     if approval.consumed_by is not None:
         raise ApprovalConsumed("the approval was used by another execution")
     return approval
@@ -71,5 +76,11 @@ async def require_dry_run(state: AppState, attempt: Attempt, dry_run_id: str | N
         dry_run = await store.dry_run_for(
             conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
         )
+    _check_fresh(dry_run)
+
+
+def _check_fresh(dry_run: DryRunRow | None) -> None:
+    """A ``require_dry_run`` tool runs only on an unexpired dry-run of the same arguments,
+    approved or not: an approval does not extend the preview it was given on."""
     if dry_run is None or dry_run.expires_at <= datetime.now(UTC):
         raise DryRunRequired("this call needs an unexpired dry-run of the same arguments")

@@ -29,6 +29,16 @@ class ExecuteBody(_Body):
     run_id: str | None = Field(default=None, max_length=200)
 
 
+# A call's life (``calls.state``): proposed → previewed | awaiting_approval → approved |
+# rejected → executing → succeeded | failed | unknown. Re-authorization may deny a call on
+# the way; an execution that certainly never reached the provider goes back to approved or
+# proposed.
+STARTED = ("executing", "succeeded", "failed", "unknown")
+"""An execution has claimed the call: it is not decided again."""
+SETTLED = ("approved", "rejected", *STARTED)
+"""A human has decided or an execution has begun: a new preview does not reopen the call."""
+
+
 @dataclass(frozen=True)
 class CallRow:
     id: str

@@ -34,6 +34,7 @@ from app.calls.policy import Decision
 from app.calls.results import classify, result_body
 from app.errors import (
     ApprovalConsumed,
+    ApprovalRejected,
     IdempotencyInFlight,
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
@@ -192,6 +193,8 @@ async def _first_call(
     call_id = existing.id if existing else None
     approval: ApprovalRow | None = None
     try:
+        if existing is not None and existing.state == "rejected":
+            raise ApprovalRejected("the approver rejected this call; the rejection is final")
         if decision.impact == "high":
             approval = await gates.valid_approval(state, attempt, body)
             call_id = call_id or approval.call_id

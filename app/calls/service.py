@@ -23,7 +23,14 @@ from app.calls.decisions import (
     write_denial,
     writing,
 )
-from app.calls.models import CallRow, DryRunBody, DryRunRow, ExecuteBody, ProposeBody
+from app.calls.models import (
+    SETTLED,
+    CallRow,
+    DryRunBody,
+    DryRunRow,
+    ExecuteBody,
+    ProposeBody,
+)
 from app.calls.policy import Decision
 from app.calls.results import classify, result_body
 from app.canonical import digest
@@ -245,7 +252,10 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
     async with state.db.transaction() as conn:
         await store.insert_dry_run(conn, row)
         await store.set_state(
-            conn, existing.id, "awaiting_approval" if next_step == "approval" else "previewed"
+            conn,
+            existing.id,
+            "awaiting_approval" if next_step == "approval" else "previewed",
+            unless=SETTLED,
         )
         await append(
             conn,

@@ -41,10 +41,23 @@ async def set_state_with_audit(
     )
 
 
-async def set_state(conn: Connection, call_id: str, state: str) -> None:
+async def set_state(
+    conn: Connection, call_id: str, state: str, *, unless: tuple[str, ...] = ()
+) -> None:
+    """Move the call to ``state``, unless it is in one of the states ``unless``."""
     await conn.execute(
-        "UPDATE calls SET state = $2, updated_at = now() WHERE id = $1", call_id, state
+        "UPDATE calls SET state = $2, updated_at = now() WHERE id = $1 AND state <> ALL($3)",
+        call_id,
+        state,
+        list(unless),
     )
+
+
+async def lock(conn: Connection, call_id: str) -> str:
+    """Hold the call's row until the transaction ends and return its state. A decision on the
+    call takes the lock here, an execution by moving the call to executing; so of the two,
+    the later one sees what the earlier one wrote."""
+    return str(await conn.fetchval("SELECT state FROM calls WHERE id = $1 FOR UPDATE", call_id))
 
 
 async def insert_dry_run(conn: Connection, dry_run: DryRunRow) -> None:
