@@ -209,6 +209,19 @@ CASES: dict[str, Case] = {
         ("providers", "billing"),
         line="${TOOLGATE_TEST_BILLING_KEY}",
     ),
+    **{
+        f"x_egress_typed_{name}": Case(
+            "notify_url: {type: string, format: uri, x-egress: public}",
+            f"notify_url: {{{schema}format: uri, x-egress: public}}",
+            ("tools", "issue_refund", "parameters", "properties", "notify_url", "x-egress"),
+            line=f"notify_url: {{{schema}format",
+        )
+        for name, schema in {
+            "nothing": "",
+            "object": "type: object, ",
+            "a_list": 'type: [string, "null"], ',
+        }.items()
+    },
 }
 
 

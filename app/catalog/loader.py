@@ -266,6 +266,8 @@ def _annotations(
         if "x-egress" in prop:
             if prop["x-egress"] != "public":
                 source.problem((*here, "x-egress"), "x-egress supports only 'public'")
+            elif prop.get("type") != "string":
+                source.problem((*here, "x-egress"), "an x-egress property needs type: string")
             egress.append(arg)
         if "x-sensitive" in prop:
             if not isinstance(prop["x-sensitive"], bool):
