@@ -79,6 +79,15 @@ class Case:
 ROLE = 'approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300}'
 REFUND_EXECUTE = "    execute: {method: POST, path: /refunds}\n"
 
+# Places inside a schema where an annotation would not be honoured (line: "hidden").
+NOT_HONOURED = {
+    "in_a_nested_property": "box: {type: object, properties: {hidden: {type: string, ANNOTATION}}}",
+    "in_items": "box: {type: array, items: {type: string, ANNOTATION, title: hidden}}",
+    "in_all_of": "box: {allOf: [{type: string, ANNOTATION, title: hidden}]}",
+    "in_any_of": "box: {anyOf: [{type: string, ANNOTATION, title: hidden}]}",
+    "in_pattern_properties": "box: {type: object, patternProperties: {hidden: {ANNOTATION}}}",
+}
+
 CASES: dict[str, Case] = {
     "unknown_tool_key": Case(
         "    result: {fields: [id, status]}\n",
@@ -210,6 +219,24 @@ CASES: dict[str, Case] = {
         line="${TOOLGATE_TEST_BILLING_KEY}",
     ),
     **{
+        f"x_resource_typed_{name}": Case(
+            'order_id: {type: string, pattern: "^ord_[A-Za-z0-9]+$", x-resource: order}',
+            f"order_id: {{{schema}x-resource: order}}",
+            ("tools", "get_order", "parameters", "properties", "order_id", "x-resource"),
+            line=f"order_id: {{{schema}x-resource",
+        )
+        for name, schema in {
+            "nothing": "",
+            "number": "type: number, ",
+            "boolean": "type: boolean, ",
+            "array": "type: array, ",
+            "object": "type: object, ",
+            "null": 'type: "null", ',
+            "a_list": "type: [string, integer], ",
+            "a_list_of_one": "type: [string], ",
+        }.items()
+    },
+    **{
         f"x_egress_typed_{name}": Case(
             "notify_url: {type: string, format: uri, x-egress: public}",
             f"notify_url: {{{schema}format: uri, x-egress: public}}",
@@ -222,6 +249,39 @@ CASES: dict[str, Case] = {
             "a_list": 'type: [string, "null"], ',
         }.items()
     },
+    **{
+        f"{annotation.replace('-', '_')}_{name}": Case(
+            "        email: {type: string}\n",
+            "        email: {type: string}\n        "
+            + where.replace("ANNOTATION", f"{annotation}: {value}")
+            + "\n",
+            ("tools", "update_email", "parameters"),
+            line="hidden",
+        )
+        for annotation, value in {
+            "x-resource": "order",
+            "x-identity": "user",
+            "x-egress": "public",
+        }.items()
+        for name, where in NOT_HONOURED.items()
+    },
+    "x_resource_in_defs": Case(
+        "    parameters:\n      type: object\n      additionalProperties: false\n"
+        "      required: [customer_id, email]\n",
+        "    parameters:\n      type: object\n      additionalProperties: false\n"
+        "      required: [customer_id, email]\n"
+        "      $defs: {id: {type: string, x-resource: order, title: hidden}}\n",
+        ("tools", "update_email", "parameters", "$defs"),
+        line="hidden",
+    ),
+    "x_resource_on_the_schema_itself": Case(
+        "    parameters:\n      type: object\n      additionalProperties: false\n"
+        "      required: [customer_id, email]\n",
+        "    parameters:\n      type: object\n      x-resource: order\n"
+        "      additionalProperties: false\n      required: [customer_id, email]\n",
+        ("tools", "update_email", "parameters"),
+        line="      x-resource: order",
+    ),
 }
 
 
@@ -239,6 +299,17 @@ def test_check_refuses_and_locates_the_problem(name: str, tmp_path: Path) -> Non
     else:
         assert case.within is not None
         assert problem.line in block_of(text, case.within), str(problem)
+
+
+@pytest.mark.parametrize("kind", ["string", "integer"])
+def test_a_resource_id_may_be_a_string_or_an_integer(tmp_path: Path, kind: str) -> None:
+    text = edit(
+        BASE,
+        'order_id: {type: string, pattern: "^ord_[A-Za-z0-9]+$", x-resource: order}',
+        f"order_id: {{type: {kind}, x-resource: order}}",
+    )
+    tool = load(write(tmp_path, text), {}).tools["get_order"]
+    assert [arg for arg, _ in tool.resource_args] == ["order_id"]
 
 
 def test_env_references_resolve_from_the_given_environment(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ class PreparedCall:
     fingerprint: str
     target: Target | None
     resources: tuple[tuple[str, Resource, str], ...]
-    """(argument, resource type, id) for every ``x-resource`` argument present."""
+    """(argument, resource type, id text) for every ``x-resource`` argument present."""
     egress: tuple[tuple[str, Any], ...]
     """(argument, value) for every ``x-egress`` argument present, whatever its type: a
     value that is not an acceptable URL is refused by ``decide``, never skipped."""
@@ -93,11 +93,7 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
     ]
     if errors:
         raise InvalidArguments("arguments do not match the tool's schema", errors=errors)
-    resources = tuple(
-        (arg, resource, arguments[arg])
-        for arg, resource in tool.resource_args
-        if isinstance(arguments.get(arg), str)
-    )
+    resources = _resource_ids(tool, arguments)
     target = Target(resources[0][1].type, resources[0][2]) if resources else None
     try:
         digest = fingerprint(tool.name, target, arguments)
@@ -113,6 +109,40 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
         resources=resources,
         egress=tuple((arg, arguments[arg]) for arg in tool.egress_args if arg in arguments),
     )
+
+
+MAX_INTEGER_ID = 2**53 - 1
+"""Beyond this, JSON parsers that read numbers as doubles would name another record."""
+
+
+def _resource_ids(
+    tool: Tool, arguments: Mapping[str, Any]
+) -> tuple[tuple[str, Resource, str], ...]:
+    """The id text of every ``x-resource`` argument present; raises if one has none.
+
+    Every present value is looked up or the call refused, never skipped: an id is a string,
+    or an integer named by its decimal text (never a bool, a float or anything else).
+    """
+    resources = []
+    errors = []
+    for arg, resource in tool.resource_args:
+        if arg not in arguments:
+            continue
+        value = arguments[arg]
+        if isinstance(value, str):
+            resources.append((arg, resource, value))
+        elif type(value) is int and abs(value) <= MAX_INTEGER_ID:
+            resources.append((arg, resource, str(value)))
+        else:
+            errors.append(
+                {
+                    "path": f"/{arg}",
+                    "message": "a resource id is a string or an integer (|n| < 2**53)",
+                }
+            )
+    if errors:
+        raise InvalidArguments("arguments do not name resources", errors=errors)
+    return tuple(resources)
 
 
 def _with_defaults(schema: Mapping[str, Any], value: Any) -> Any:

@@ -24,6 +24,8 @@ from app.catalog.spec import CatalogSpec, EndpointSpec, ProviderSpec, ResourceSp
 ANNOTATIONS = {"x-identity", "x-resource", "x-egress", "x-sensitive"}
 CEL_VARIABLES = {"args", "principal"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# Types whose values have one exact text to look up by.
+_RESOURCE_ID_TYPES = ("string", "integer")
 # Variables that CEL macros bind, as in ``principal.roles.exists(r, r == "x")``.
 _MACRO_VARIABLE = re.compile(
     r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,"
@@ -262,6 +264,12 @@ def _annotations(
         if "x-resource" in prop:
             if prop["x-resource"] not in source.document.get("resources", {}):
                 source.problem((*here, "x-resource"), f"unknown resource {prop['x-resource']!r}")
+            elif prop.get("type") not in _RESOURCE_ID_TYPES:
+                source.problem(
+                    (*here, "x-resource"),
+                    "an x-resource property needs type: string or type: integer, so every "
+                    "value has one id to look up",
+                )
             resource_names.append((arg, prop["x-resource"]))
         if "x-egress" in prop:
             if prop["x-egress"] != "public":
