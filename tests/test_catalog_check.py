@@ -282,6 +282,46 @@ CASES: dict[str, Case] = {
         ("tools", "update_email", "parameters"),
         line="      x-resource: order",
     ),
+    **{
+        f"path_{name}": Case(
+            'execute: {method: GET, path: "/orders/{order_id}"}',
+            f'execute: {{method: GET, path: "{path}"}}',
+            ("tools", "get_order", "execute", "path"),
+            line=f'path: "{path}"',
+        )
+        for name, path in {
+            "placeholder_inside_a_segment": "/orders/ord-{order_id}",
+            "placeholder_with_a_suffix": "/orders/{order_id}.json",
+            "two_placeholders_in_one_segment": "/orders/{order_id}{order_id}",
+            "dot_segment": "/orders/./{order_id}",
+            "dot_dot_segment": "/v1/../orders/{order_id}",
+            "space": "/orders/all of/{order_id}",
+            "query": "/orders/{order_id}?expand=1",
+            "fragment": "/orders/{order_id}#x",
+            "backslash": "/orders\\\\{order_id}",
+            "bad_escape": "/orders/%zz/{order_id}",
+            "non_ascii": "/bestellungen/\u00fc/{order_id}",
+        }.items()
+    },
+    "dot_dot_segment_in_an_owner_path": Case(
+        'owner: {method: GET, path: "/orders/{id}/owner"}',
+        'owner: {method: GET, path: "/orders/{id}/../owner"}',
+        ("resources", "order", "owner", "path"),
+        line="/orders/{id}/../owner",
+    ),
+    **{
+        f"base_url_{name}": Case(
+            'base_url: "http://127.0.0.1:9"',
+            f'base_url: "{url}"',
+            ("providers", "billing", "base_url"),
+            line=f'base_url: "{url}"',
+        )
+        for name, url in {
+            "dot_dot_segment": "http://127.0.0.1:9/v1/../admin",
+            "space": "http://127.0.0.1:9/my api",
+            "non_ascii": "http://127.0.0.1:9/\u00fc",
+        }.items()
+    },
 }
 
 
@@ -310,6 +350,18 @@ def test_a_resource_id_may_be_a_string_or_an_integer(tmp_path: Path, kind: str) 
     )
     tool = load(write(tmp_path, text), {}).tools["get_order"]
     assert [arg for arg, _ in tool.resource_args] == ["order_id"]
+
+
+def test_path_arguments_are_placeholders_and_owner_looked_up_ids(tmp_path: Path) -> None:
+    text = edit(
+        BASE,
+        "dry_run: {method: POST, path: /refunds/preview}",
+        'dry_run: {method: POST, path: "/refunds/{customer_id}/preview"}',
+    )
+    tools = load(write(tmp_path, text), {}).tools
+    assert tools["get_order"].path_args == {"order_id"}
+    assert tools["issue_refund"].path_args == {"order_id", "customer_id"}
+    assert tools["update_email"].path_args == {"customer_id"}
 
 
 def test_env_references_resolve_from_the_given_environment(tmp_path: Path) -> None:

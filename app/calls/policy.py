@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 import rfc8785
 
 from app.auth.principal import Principal
@@ -101,6 +102,7 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
         raise InvalidArguments(
             "arguments cannot be canonicalized", errors=[{"path": "", "message": str(exc)}]
         ) from None
+    _check_path_segments(tool, arguments)
     return PreparedCall(
         tool=tool,
         arguments=arguments,
@@ -143,6 +145,38 @@ def _resource_ids(
     if errors:
         raise InvalidArguments("arguments do not name resources", errors=errors)
     return tuple(resources)
+
+
+def argument_text(value: Any) -> str:
+    """An argument as it is written into a URL: a string as is, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+_NOT_IN_A_SEGMENT = re.compile(r"[/\\\x00-\x1f\x7f-\x9f]")
+
+
+def _check_path_segments(tool: Tool, arguments: Mapping[str, Any]) -> None:
+    """A value filling a path placeholder must stay one segment of the path the catalog
+    declares: percent-encoding keeps ``/`` inside it, but ``.`` and ``..`` survive encoding
+    and are resolved away by clients, proxies and frameworks, and an empty segment, a
+    backslash or a control character is read differently by different servers."""
+    errors = []
+    for arg in tool.path_args:
+        if arg not in arguments:
+            continue
+        text = argument_text(arguments[arg])
+        if text in ("", ".", "..") or _NOT_IN_A_SEGMENT.search(text):
+            errors.append(
+                {
+                    "path": f"/{arg}",
+                    "message": "a URL path segment must not be empty, '.' or '..', nor contain "
+                    "'/', '\\' or control characters",
+                }
+            )
+    if errors:
+        raise InvalidArguments("arguments cannot be URL path segments", errors=errors)
 
 
 def _with_defaults(schema: Mapping[str, Any], value: Any) -> Any:
