@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 
 class NotSent(Exception):
@@ -60,14 +61,21 @@ class Outbound:
         json: Any = None,
         params: Mapping[str, str] | None = None,
     ) -> Response:
+        """Send ``url`` exactly as written: it must already be percent-encoded, and is never
+        re-encoded or normalized (``/a/../b`` stays as it is), so the peer receives the path
+        the caller built. ``params`` are encoded and appended to its query."""
         assert self._session is not None, "Outbound.start() was not awaited"
         started = time.perf_counter()
         if json is not None:
             headers = {**(headers or {}), "Content-Type": "application/json"}
         try:
+            target = URL(url, encoded=True)
+        except ValueError as exc:
+            raise NotSent(f"invalid URL: {exc}") from exc
+        try:
             async with self._session.request(
                 method,
-                url,
+                target,
                 headers=headers,
                 data=orjson.dumps(json) if json is not None else None,
                 params=params,

@@ -70,6 +70,20 @@ async def fresh_database(name: str) -> AsyncIterator[str]:
         await admin.close()
 
 
+@asynccontextmanager
+async def serving(application: web.Application) -> AsyncIterator[str]:
+    """``application`` as a real HTTP server on a free local port; yields its base URL."""
+    runner = web.AppRunner(application)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture(scope="session")
 async def providers_url() -> AsyncIterator[str]:
     runner = web.AppRunner(build_providers())

@@ -79,6 +79,15 @@ class Case:
 ROLE = 'approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300}'
 REFUND_EXECUTE = "    execute: {method: POST, path: /refunds}\n"
 
+# Places inside a schema where an annotation would not be honoured (line: "hidden").
+NOT_HONOURED = {
+    "in_a_nested_property": "box: {type: object, properties: {hidden: {type: string, ANNOTATION}}}",
+    "in_items": "box: {type: array, items: {type: string, ANNOTATION, title: hidden}}",
+    "in_all_of": "box: {allOf: [{type: string, ANNOTATION, title: hidden}]}",
+    "in_any_of": "box: {anyOf: [{type: string, ANNOTATION, title: hidden}]}",
+    "in_pattern_properties": "box: {type: object, patternProperties: {hidden: {ANNOTATION}}}",
+}
+
 CASES: dict[str, Case] = {
     "unknown_tool_key": Case(
         "    result: {fields: [id, status]}\n",
@@ -209,6 +218,110 @@ CASES: dict[str, Case] = {
         ("providers", "billing"),
         line="${TOOLGATE_TEST_BILLING_KEY}",
     ),
+    **{
+        f"x_resource_typed_{name}": Case(
+            'order_id: {type: string, pattern: "^ord_[A-Za-z0-9]+$", x-resource: order}',
+            f"order_id: {{{schema}x-resource: order}}",
+            ("tools", "get_order", "parameters", "properties", "order_id", "x-resource"),
+            line=f"order_id: {{{schema}x-resource",
+        )
+        for name, schema in {
+            "nothing": "",
+            "number": "type: number, ",
+            "boolean": "type: boolean, ",
+            "array": "type: array, ",
+            "object": "type: object, ",
+            "null": 'type: "null", ',
+            "a_list": "type: [string, integer], ",
+            "a_list_of_one": "type: [string], ",
+        }.items()
+    },
+    **{
+        f"x_egress_typed_{name}": Case(
+            "notify_url: {type: string, format: uri, x-egress: public}",
+            f"notify_url: {{{schema}format: uri, x-egress: public}}",
+            ("tools", "issue_refund", "parameters", "properties", "notify_url", "x-egress"),
+            line=f"notify_url: {{{schema}format",
+        )
+        for name, schema in {
+            "nothing": "",
+            "object": "type: object, ",
+            "a_list": 'type: [string, "null"], ',
+        }.items()
+    },
+    **{
+        f"{annotation.replace('-', '_')}_{name}": Case(
+            "        email: {type: string}\n",
+            "        email: {type: string}\n        "
+            + where.replace("ANNOTATION", f"{annotation}: {value}")
+            + "\n",
+            ("tools", "update_email", "parameters"),
+            line="hidden",
+        )
+        for annotation, value in {
+            "x-resource": "order",
+            "x-identity": "user",
+            "x-egress": "public",
+        }.items()
+        for name, where in NOT_HONOURED.items()
+    },
+    "x_resource_in_defs": Case(
+        "    parameters:\n      type: object\n      additionalProperties: false\n"
+        "      required: [customer_id, email]\n",
+        "    parameters:\n      type: object\n      additionalProperties: false\n"
+        "      required: [customer_id, email]\n"
+        "      $defs: {id: {type: string, x-resource: order, title: hidden}}\n",
+        ("tools", "update_email", "parameters", "$defs"),
+        line="hidden",
+    ),
+    "x_resource_on_the_schema_itself": Case(
+        "    parameters:\n      type: object\n      additionalProperties: false\n"
+        "      required: [customer_id, email]\n",
+        "    parameters:\n      type: object\n      x-resource: order\n"
+        "      additionalProperties: false\n      required: [customer_id, email]\n",
+        ("tools", "update_email", "parameters"),
+        line="      x-resource: order",
+    ),
+    **{
+        f"path_{name}": Case(
+            'execute: {method: GET, path: "/orders/{order_id}"}',
+            f'execute: {{method: GET, path: "{path}"}}',
+            ("tools", "get_order", "execute", "path"),
+            line=f'path: "{path}"',
+        )
+        for name, path in {
+            "placeholder_inside_a_segment": "/orders/ord-{order_id}",
+            "placeholder_with_a_suffix": "/orders/{order_id}.json",
+            "two_placeholders_in_one_segment": "/orders/{order_id}{order_id}",
+            "dot_segment": "/orders/./{order_id}",
+            "dot_dot_segment": "/v1/../orders/{order_id}",
+            "space": "/orders/all of/{order_id}",
+            "query": "/orders/{order_id}?expand=1",
+            "fragment": "/orders/{order_id}#x",
+            "backslash": "/orders\\\\{order_id}",
+            "bad_escape": "/orders/%zz/{order_id}",
+            "non_ascii": "/bestellungen/\u00fc/{order_id}",
+        }.items()
+    },
+    "dot_dot_segment_in_an_owner_path": Case(
+        'owner: {method: GET, path: "/orders/{id}/owner"}',
+        'owner: {method: GET, path: "/orders/{id}/../owner"}',
+        ("resources", "order", "owner", "path"),
+        line="/orders/{id}/../owner",
+    ),
+    **{
+        f"base_url_{name}": Case(
+            'base_url: "http://127.0.0.1:9"',
+            f'base_url: "{url}"',
+            ("providers", "billing", "base_url"),
+            line=f'base_url: "{url}"',
+        )
+        for name, url in {
+            "dot_dot_segment": "http://127.0.0.1:9/v1/../admin",
+            "space": "http://127.0.0.1:9/my api",
+            "non_ascii": "http://127.0.0.1:9/\u00fc",
+        }.items()
+    },
 }
 
 
@@ -226,6 +339,29 @@ def test_check_refuses_and_locates_the_problem(name: str, tmp_path: Path) -> Non
     else:
         assert case.within is not None
         assert problem.line in block_of(text, case.within), str(problem)
+
+
+@pytest.mark.parametrize("kind", ["string", "integer"])
+def test_a_resource_id_may_be_a_string_or_an_integer(tmp_path: Path, kind: str) -> None:
+    text = edit(
+        BASE,
+        'order_id: {type: string, pattern: "^ord_[A-Za-z0-9]+$", x-resource: order}',
+        f"order_id: {{type: {kind}, x-resource: order}}",
+    )
+    tool = load(write(tmp_path, text), {}).tools["get_order"]
+    assert [arg for arg, _ in tool.resource_args] == ["order_id"]
+
+
+def test_path_arguments_are_placeholders_and_owner_looked_up_ids(tmp_path: Path) -> None:
+    text = edit(
+        BASE,
+        "dry_run: {method: POST, path: /refunds/preview}",
+        'dry_run: {method: POST, path: "/refunds/{customer_id}/preview"}',
+    )
+    tools = load(write(tmp_path, text), {}).tools
+    assert tools["get_order"].path_args == {"order_id"}
+    assert tools["issue_refund"].path_args == {"order_id", "customer_id"}
+    assert tools["update_email"].path_args == {"customer_id"}
 
 
 def test_env_references_resolve_from_the_given_environment(tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
 """Talking to catalog providers: owner lookups and forwarded calls.
 
 URLs come only from the catalog: the provider's ``base_url`` plus the endpoint path, with
-placeholders filled from (URL-encoded) arguments. Identity headers come from the verified
-principal. Transport failures are mapped to SPEC's provider errors by the caller, who knows
-whether an uncertain outcome matters.
+placeholders filled from percent-encoded arguments, each inside its own segment (``policy``
+refuses values like ``..`` that no encoding confines). The URL is sent exactly as built, so
+the path the provider receives has the shape the catalog declares. Identity headers come
+from the verified principal. Transport failures are mapped to SPEC's provider errors by the
+caller, who knows whether an uncertain outcome matters.
 """
 
 from __future__ import annotations
@@ -13,10 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import orjson
-
 from app.auth.principal import Principal
-from app.calls.policy import Owner
+from app.calls.policy import Owner, argument_text
 from app.catalog.models import Endpoint, Provider, Resource
 from app.errors import ProviderUnavailable
 from app.outbound import NotSent, Outbound, Response, Uncertain
@@ -36,18 +36,12 @@ def build_request(
 ) -> ProviderRequest:
     path = endpoint.path
     for name in endpoint.placeholders:
-        path = path.replace("{" + name + "}", quote(_text(arguments[name]), safe=""))
+        path = path.replace("{" + name + "}", quote(argument_text(arguments[name]), safe=""))
     rest = {k: v for k, v in arguments.items() if k not in endpoint.placeholders}
     if endpoint.method in ("GET", "DELETE"):
-        params = {k: _text(v) for k, v in rest.items()}
+        params = {k: argument_text(v) for k, v in rest.items()}
         return ProviderRequest(endpoint.method, provider.base_url + path, params or None, None)
     return ProviderRequest(endpoint.method, provider.base_url + path, None, rest)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return orjson.dumps(value).decode()
 
 
 class Gateway:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
+import orjson
 import rfc8785
 
 from app.auth.principal import Principal
@@ -49,9 +50,10 @@ class PreparedCall:
     fingerprint: str
     target: Target | None
     resources: tuple[tuple[str, Resource, str], ...]
-    """(argument, resource type, id) for every ``x-resource`` argument present."""
-    egress: tuple[tuple[str, str], ...]
-    """(argument, URL) for every ``x-egress`` argument present."""
+    """(argument, resource type, id text) for every ``x-resource`` argument present."""
+    egress: tuple[tuple[str, Any], ...]
+    """(argument, value) for every ``x-egress`` argument present, whatever its type: a
+    value that is not an acceptable URL is refused by ``decide``, never skipped."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +94,7 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
     ]
     if errors:
         raise InvalidArguments("arguments do not match the tool's schema", errors=errors)
-    resources = tuple(
-        (arg, resource, arguments[arg])
-        for arg, resource in tool.resource_args
-        if isinstance(arguments.get(arg), str)
-    )
+    resources = _resource_ids(tool, arguments)
     target = Target(resources[0][1].type, resources[0][2]) if resources else None
     try:
         digest = fingerprint(tool.name, target, arguments)
@@ -104,16 +102,81 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
         raise InvalidArguments(
             "arguments cannot be canonicalized", errors=[{"path": "", "message": str(exc)}]
         ) from None
+    _check_path_segments(tool, arguments)
     return PreparedCall(
         tool=tool,
         arguments=arguments,
         fingerprint=digest,
         target=target,
         resources=resources,
-        egress=tuple(
-            (arg, arguments[arg]) for arg in tool.egress_args if isinstance(arguments.get(arg), str)
-        ),
+        egress=tuple((arg, arguments[arg]) for arg in tool.egress_args if arg in arguments),
     )
+
+
+MAX_INTEGER_ID = 2**53 - 1
+"""Beyond this, JSON parsers that read numbers as doubles would name another record."""
+
+
+def _resource_ids(
+    tool: Tool, arguments: Mapping[str, Any]
+) -> tuple[tuple[str, Resource, str], ...]:
+    """The id text of every ``x-resource`` argument present; raises if one has none.
+
+    Every present value is looked up or the call refused, never skipped: an id is a string,
+    or an integer named by its decimal text (never a bool, a float or anything else).
+    """
+    resources = []
+    errors = []
+    for arg, resource in tool.resource_args:
+        if arg not in arguments:
+            continue
+        value = arguments[arg]
+        if isinstance(value, str):
+            resources.append((arg, resource, value))
+        elif type(value) is int and abs(value) <= MAX_INTEGER_ID:
+            resources.append((arg, resource, str(value)))
+        else:
+            errors.append(
+                {
+                    "path": f"/{arg}",
+                    "message": "a resource id is a string or an integer (|n| < 2**53)",
+                }
+            )
+    if errors:
+        raise InvalidArguments("arguments do not name resources", errors=errors)
+    return tuple(resources)
+
+
+def argument_text(value: Any) -> str:
+    """An argument as it is written into a URL: a string as is, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+_NOT_IN_A_SEGMENT = re.compile(r"[/\\\x00-\x1f\x7f-\x9f]")
+
+
+def _check_path_segments(tool: Tool, arguments: Mapping[str, Any]) -> None:
+    """A value filling a path placeholder must stay one segment of the path the catalog
+    declares: percent-encoding keeps ``/`` inside it, but ``.`` and ``..`` survive encoding
+    and are resolved away by clients, proxies and frameworks, and an empty segment, a
+    backslash or a control character is read differently by different servers."""
+    errors = []
+    for arg in tool.path_args:
+        if arg not in arguments:
+            continue
+        text = argument_text(arguments[arg])
+        if text in ("", ".", "..") or _NOT_IN_A_SEGMENT.search(text):
+            errors.append(
+                {
+                    "path": f"/{arg}",
+                    "message": "a URL path segment must not be empty, '.' or '..', nor contain "
+                    "'/', '\\' or control characters",
+                }
+            )
+    if errors:
+        raise InvalidArguments("arguments cannot be URL path segments", errors=errors)
 
 
 def _with_defaults(schema: Mapping[str, Any], value: Any) -> Any:
@@ -142,28 +205,104 @@ def precheck(principal: Principal, call: PreparedCall) -> None:
         raise ToolForbidden(f"tool {call.tool.name!r} needs one of the roles {sorted(roles)}")
 
 
-def egress_host(url: str) -> str | None:
-    """The host to resolve, or ``None`` when the URL is not an acceptable egress URL."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-        parts.port  # noqa: B018 - raises ValueError on a malformed port
-    except ValueError:
+_EGRESS_URL = re.compile(r"(https?)://([^/?#]*)(?:[/?#].*)?", re.IGNORECASE | re.DOTALL)
+_NOT_IN_A_URL = re.compile(r"[\\\x00-\x20\x7f]")
+_IPV6_AUTHORITY = re.compile(r"\[([0-9A-Fa-f:.]+)\](?::([0-9]{1,5}))?")
+_HOST_AUTHORITY = re.compile(r"([^:\[\]]+)(?::([0-9]{1,5}))?")
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")
+
+
+def egress_host(url: Any) -> str | None:
+    """The host to resolve, or ``None`` when ``url`` is not an acceptable egress URL.
+
+    Whoever fetches the URL later parses it with its own parser, so only URLs that every
+    parser reads alike are accepted: an absolute ``http``/``https`` URL of ASCII with no
+    whitespace, control character or backslash, no userinfo, a valid port, and a host that
+    is a DNS name (LDH labels, no trailing dot), a dotted-quad IPv4 address or a bracketed
+    IPv6 address. A host that ends in a numeric label but is not a dotted quad (``127.1``,
+    ``0x7f.0.0.1``, ``2130706433``, ``010.0.0.1``) is refused: other parsers read it as an
+    address this check would not see.
+    """
+    if not isinstance(url, str) or not url.isascii() or _NOT_IN_A_URL.search(url):
         return None
-    if parts.scheme not in ("http", "https") or not host:
+    match = _EGRESS_URL.fullmatch(url)
+    if match is None or "@" in match[2]:
+        return None
+    authority = match[2]
+    if authority.startswith("["):
+        bracketed = _IPV6_AUTHORITY.fullmatch(authority)
+        if bracketed is None:
+            return None
+        try:
+            host = str(ipaddress.IPv6Address(bracketed[1]))
+        except ValueError:
+            return None
+        port = bracketed[2]
+    else:
+        plain = _HOST_AUTHORITY.fullmatch(authority)
+        if plain is None:
+            return None
+        host, port = plain[1].lower(), plain[2]
+        if not _is_host_name(host):
+            return None
+    if port is not None and not 0 < int(port) <= 65535:
         return None
     return host
 
 
+def _is_host_name(host: str) -> bool:
+    """A dotted-quad IPv4 address, or a DNS name whose last label is not numeric."""
+    labels = host.split(".")
+    if _NUMERIC_LABEL.fullmatch(labels[-1]):
+        try:
+            return str(ipaddress.IPv4Address(host)) == host
+        except ValueError:
+            return False
+    return len(host) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in labels)
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_EMBEDDING_96 = (
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible (and :: and ::1)
+    ipaddress.IPv6Network("::ffff:0:0/96"),  # IPv4-mapped
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated
+    _NAT64,
+)
+_NEVER_PUBLIC_V6 = (
+    ipaddress.IPv6Network("64:ff9b:1::/48"),  # local-use NAT64: its embedding is local
+    ipaddress.IPv6Network("fec0::/10"),  # site-local
+)
+
+
 def is_public(address: str) -> bool:
+    """Whether ``address`` is a public unicast address. An IPv6 address that carries an
+    IPv4 address (mapped, compatible, translated, NAT64, 6to4, Teredo) reaches that IPv4
+    host, so it is judged by it."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
     if isinstance(ip, ipaddress.IPv6Address):
-        mapped = ip.ipv4_mapped or ip.sixtofour
-        if mapped is not None:
-            ip = mapped
+        if any(ip in network for network in _NEVER_PUBLIC_V6):
+            return False
+        embedded = _embedded_ipv4(ip)
+        if embedded:
+            return all(map(_is_public_ip, embedded))
+    return _is_public_ip(ip)
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ...]:
+    if any(ip in network for network in _EMBEDDING_96):
+        return (ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF),)
+    if ip.sixtofour is not None:
+        return (ip.sixtofour,)
+    if ip.teredo is not None:
+        return ip.teredo
+    return ()
+
+
+def _is_public_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_global and not ip.is_multicast
 
 

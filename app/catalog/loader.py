@@ -24,6 +24,10 @@ from app.catalog.spec import CatalogSpec, EndpointSpec, ProviderSpec, ResourceSp
 ANNOTATIONS = {"x-identity", "x-resource", "x-egress", "x-sensitive"}
 CEL_VARIABLES = {"args", "principal"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+# A path segment as RFC 3986 writes it: unreserved, sub-delims, ':' '@', percent-escapes.
+_SEGMENT = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*")
+# Types whose values have one exact text to look up by.
+_RESOURCE_ID_TYPES = ("string", "integer")
 # Variables that CEL macros bind, as in ``principal.roles.exists(r, r == "x")``.
 _MACRO_VARIABLE = re.compile(
     r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,"
@@ -93,6 +97,12 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
             source.problem(("providers", name, "base_url"), "must be an http(s) URL with a host")
+            continue
+        if not base_url.isascii() or not all(map(_is_segment, url.path.split("/")[1:])):
+            source.problem(
+                ("providers", name, "base_url"),
+                "must be written percent-encoded, with no '.' or '..' path segments",
+            )
             continue
         providers[name] = Provider(name, base_url, p.timeout_s, headers)
     resources: dict[str, Resource] = {}
@@ -173,6 +183,9 @@ def _tool(
     identity, resource_names, egress, sensitive = annotations
     execute = compiled["execute"]
     assert execute is not None
+    resource_args = tuple((arg, resources[kind]) for arg, kind in resource_names)
+    path_args = {p for e in (execute, compiled["dry_run"]) if e for p in e.placeholders}
+    path_args.update(arg for arg, r in resource_args if r.owner.placeholders)
     return Tool(
         name=name,
         description=t.description,
@@ -191,8 +204,9 @@ def _tool(
         public_parameters=_strip_annotations(t.parameters),
         validator=validator,
         identity_args=identity,
-        resource_args=tuple((arg, resources[kind]) for arg, kind in resource_names),
+        resource_args=resource_args,
         egress_args=egress,
+        path_args=frozenset(path_args),
         sensitive_args=sensitive,
         result=t.result,
     )
@@ -202,6 +216,13 @@ def _endpoint(
     e: EndpointSpec, allowed: set[str], where: tuple[str | int, ...], source: Source
 ) -> Endpoint:
     names = tuple(_PLACEHOLDER.findall(e.path))
+    for segment in e.path.split("/")[1:]:
+        if not (_PLACEHOLDER.fullmatch(segment) or _is_segment(segment)):
+            source.problem(
+                (*where, "path"),
+                f"segment {segment!r}: a placeholder must be a whole segment, and the rest "
+                "written percent-encoded, with no '.' or '..' segments",
+            )
     for placeholder in names:
         if placeholder not in allowed:
             source.problem(
@@ -209,6 +230,12 @@ def _endpoint(
                 f"placeholder {{{placeholder}}} has no matching required argument",
             )
     return Endpoint(method=e.method, path=e.path, placeholders=names)
+
+
+def _is_segment(segment: str) -> bool:
+    """Whether ``segment`` can be sent exactly as written: requests go out verbatim, never
+    re-encoded or normalized, so a path is the shape the catalog declares."""
+    return segment not in (".", "..") and _SEGMENT.fullmatch(segment) is not None
 
 
 def _schema(
@@ -262,10 +289,18 @@ def _annotations(
         if "x-resource" in prop:
             if prop["x-resource"] not in source.document.get("resources", {}):
                 source.problem((*here, "x-resource"), f"unknown resource {prop['x-resource']!r}")
+            elif prop.get("type") not in _RESOURCE_ID_TYPES:
+                source.problem(
+                    (*here, "x-resource"),
+                    "an x-resource property needs type: string or type: integer, so every "
+                    "value has one id to look up",
+                )
             resource_names.append((arg, prop["x-resource"]))
         if "x-egress" in prop:
             if prop["x-egress"] != "public":
                 source.problem((*here, "x-egress"), "x-egress supports only 'public'")
+            elif prop.get("type") != "string":
+                source.problem((*here, "x-egress"), "an x-egress property needs type: string")
             egress.append(arg)
         if "x-sensitive" in prop:
             if not isinstance(prop["x-sensitive"], bool):

@@ -60,6 +60,9 @@ class Tool:
     resource_args: tuple[tuple[str, Resource], ...]
     """``x-resource`` arguments in schema order; the first present one is the target."""
     egress_args: tuple[str, ...]
+    path_args: frozenset[str]
+    """Arguments written into a URL path: placeholders of ``execute`` and ``dry_run``, and
+    ``x-resource`` arguments whose owner lookup path names the id."""
     sensitive_args: frozenset[str]
     result: ResultSpec
 
