@@ -27,6 +27,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import ROOT
+from tests.dockerfile import copied_sources
 
 EVERY_MIGRATION = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
 PIP = [sys.executable, "-m", "pip"]
@@ -56,17 +57,13 @@ def run(
 
 
 def docker_build_context(destination: Path) -> Path:
-    """Copy what the Dockerfile's COPY lines name, links kept as links, as Docker does."""
-    for line in (ROOT / "Dockerfile").read_text().splitlines():
-        words = line.split()
-        if words[:1] != ["COPY"] or any(w.startswith("--from") for w in words):
-            continue
-        for source in words[1:-1]:
-            origin, target = ROOT / source, destination / source
-            if origin.is_dir():
-                shutil.copytree(origin, target, symlinks=True)
-            else:
-                shutil.copy2(origin, target, follow_symlinks=False)
+    """Copy what the Dockerfile copies, links kept as links, as Docker does."""
+    for source in copied_sources():
+        origin, target = ROOT / source, destination / source
+        if origin.is_dir():
+            shutil.copytree(origin, target, symlinks=True)
+        else:
+            shutil.copy2(origin, target, follow_symlinks=False)
     return destination
 
 
