@@ -22,7 +22,6 @@ import pytest
 import yaml
 from aiohttp import web
 from kubernetes_validate.utils import all_versions
-from packaging.version import Version
 
 from app.catalog.loader import load
 from app.settings import ConfigError, Settings
@@ -30,8 +29,10 @@ from tests.conftest import ROOT
 from tests.dockerfile import healthcheck_command, instructions
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"
-OLDEST_KUBERNETES = Version("1.30")
-KUBERNETES = [v for v in all_versions() if Version(v) >= OLDEST_KUBERNETES]
+OLDEST_KUBERNETES = (1, 30)
+KUBERNETES = sorted(
+    {v for v in all_versions() if tuple(map(int, v.split(".")[:2])) >= OLDEST_KUBERNETES}
+)
 SECRETS = {"TOOLGATE_JWT_SECRET", "TOOLGATE_DATABASE_URL", "TOOLGATE_REDIS_URL"}
 
 
