@@ -18,10 +18,12 @@ import asyncpg
 import orjson
 
 from app.errors import Unavailable
+from app.settings import ConfigError
 
 Connection: TypeAlias = asyncpg.Connection
 Record: TypeAlias = asyncpg.Record
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+"""Package data, so every install carries them (in a checkout, a link to ``migrations/``)."""
 
 _UNAVAILABLE = (
     OSError,
@@ -122,7 +124,15 @@ class Insert:
 
 
 def migration_files() -> list[tuple[str, Path]]:
-    return sorted((p.stem, p) for p in MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    """The migrations in order; none at all means a broken install, never an empty schema.
+
+    Without this check an install that lost its migrations would report every database as
+    up to date, and ``serve`` would start on one that has no tables.
+    """
+    found = sorted((p.stem, p) for p in MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    if not found:
+        raise ConfigError(f"no migrations found in {MIGRATIONS}: this installation is incomplete")
+    return found
 
 
 _SCHEMA_TABLE = """
@@ -144,13 +154,14 @@ async def migrate(url: str) -> list[str]:
 
     An advisory lock keeps two instances from migrating at once.
     """
+    files = migration_files()
     conn = await _connect(url)
     applied: list[str] = []
     try:
         await conn.execute("SELECT pg_advisory_lock(74201)")
         await conn.execute(_SCHEMA_TABLE)
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-        for version, path in migration_files():
+        for version, path in files:
             if version in done:
                 continue
             async with conn.transaction():
@@ -164,6 +175,7 @@ async def migrate(url: str) -> list[str]:
 
 async def pending_migrations(url: str) -> list[str]:
     """Migrations not yet applied to the database at ``url`` (all of them if none are)."""
+    files = migration_files()
     conn = await _connect(url)
     try:
         exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
@@ -174,4 +186,4 @@ async def pending_migrations(url: str) -> list[str]:
         )
     finally:
         await conn.close()
-    return [version for version, _ in migration_files() if version not in done]
+    return [version for version, _ in files if version not in done]

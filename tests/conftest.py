@@ -56,14 +56,22 @@ def exited(pid: int) -> bool:
         return True
 
 
+@pytest.fixture
+async def empty_database() -> AsyncIterator[str]:
+    """A database that exists but has no schema at all; dropped afterwards."""
+    async with fresh_database(f"toolgate_test_{RUN}_{secrets.token_hex(4)}", migrated=False) as url:
+        yield url
+
+
 @asynccontextmanager
-async def fresh_database(name: str) -> AsyncIterator[str]:
-    """A migrated database ``name``, dropped afterwards."""
+async def fresh_database(name: str, *, migrated: bool = True) -> AsyncIterator[str]:
+    """A database ``name`` (migrated unless told otherwise), dropped afterwards."""
     admin = await asyncpg.connect(ADMIN_DSN)
     await admin.execute(f'CREATE DATABASE "{name}"')
     url = ADMIN_DSN.rsplit("/", 1)[0] + f"/{name}"
     try:
-        await migrate(url)
+        if migrated:
+            await migrate(url)
         yield url
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

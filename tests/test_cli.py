@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -143,19 +142,6 @@ async def test_token_without_a_secret_fails_clearly() -> None:
 # --- serve refuses to start -------------------------------------------------------------------
 
 
-@pytest.fixture
-async def fresh_database() -> AsyncIterator[str]:
-    """A database that exists but has no schema at all; dropped afterwards."""
-    name = f"toolgate_cli_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(ADMIN_DSN)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield ADMIN_DSN.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
 async def refuses_to_serve(env: dict[str, str], *messages: str) -> str:
     port = free_port()
     started = time.monotonic()
@@ -217,8 +203,8 @@ async def test_serve_refuses_without_a_database_url() -> None:
     await refuses_to_serve(serve_env(None), "TOOLGATE_DATABASE_URL")
 
 
-async def test_serve_refuses_a_database_that_is_not_migrated(fresh_database: str) -> None:
-    await refuses_to_serve(serve_env(fresh_database), "toolgate migrate")
+async def test_serve_refuses_a_database_that_is_not_migrated(empty_database: str) -> None:
+    await refuses_to_serve(serve_env(empty_database), "toolgate migrate")
 
 
 async def test_serve_refuses_a_database_that_does_not_exist() -> None:
@@ -229,8 +215,8 @@ async def test_serve_refuses_a_database_that_does_not_exist() -> None:
 # --- migrate ----------------------------------------------------------------------------------
 
 
-async def test_migrate_applies_every_migration_and_is_idempotent(fresh_database: str) -> None:
-    env = base_env(TOOLGATE_DATABASE_URL=fresh_database)
+async def test_migrate_applies_every_migration_and_is_idempotent(empty_database: str) -> None:
+    env = base_env(TOOLGATE_DATABASE_URL=empty_database)
     versions = [version for version, _ in migration_files()]
     assert versions
 
@@ -244,7 +230,7 @@ async def test_migrate_applies_every_migration_and_is_idempotent(fresh_database:
     assert "up to date" in second.stdout
     assert not any(version in second.stdout for version in versions)
 
-    conn = await asyncpg.connect(fresh_database)
+    conn = await asyncpg.connect(empty_database)
     try:
         applied = [r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")]
         assert sorted(applied) == versions
