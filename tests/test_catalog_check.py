@@ -203,6 +203,24 @@ CASES: dict[str, Case] = {
         ("providers", "billing"),
         line="${TOOLGATE_TEST_BILLING_URL}",
     ),
+    "max_response_bytes_over_64_mib": Case(
+        "timeout_s: 2}",
+        "timeout_s: 2, max_response_bytes: 1073741824}",
+        ("providers", "billing", "max_response_bytes"),
+        line="max_response_bytes: 1073741824",
+    ),
+    "max_response_bytes_under_1_kib": Case(
+        "timeout_s: 2}",
+        "timeout_s: 2, max_response_bytes: 0}",
+        ("providers", "billing", "max_response_bytes"),
+        line="max_response_bytes: 0",
+    ),
+    "max_response_bytes_not_a_number": Case(
+        "timeout_s: 2}",
+        "timeout_s: 2, max_response_bytes: lots}",
+        ("providers", "billing", "max_response_bytes"),
+        line="max_response_bytes: lots",
+    ),
     "unset_env_reference_in_a_header": Case(
         "timeout_s: 2}",
         'timeout_s: 2, headers: {X-Api-Key: "${TOOLGATE_TEST_BILLING_KEY}"}}',
@@ -226,6 +244,14 @@ def test_check_refuses_and_locates_the_problem(name: str, tmp_path: Path) -> Non
     else:
         assert case.within is not None
         assert problem.line in block_of(text, case.within), str(problem)
+
+
+def test_max_response_bytes_defaults_to_1_mib_and_is_kept_per_provider(tmp_path: Path) -> None:
+    default = load(write(tmp_path, BASE), {})
+    assert default.tools["get_order"].provider.max_response_bytes == 1 << 20
+    text = edit(BASE, "timeout_s: 2}", "timeout_s: 2, max_response_bytes: 4096}")
+    limited = load(write(tmp_path, text), {})
+    assert limited.tools["get_order"].provider.max_response_bytes == 4096
 
 
 def test_env_references_resolve_from_the_given_environment(tmp_path: Path) -> None:

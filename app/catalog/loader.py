@@ -94,7 +94,7 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
         if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
             source.problem(("providers", name, "base_url"), "must be an http(s) URL with a host")
             continue
-        providers[name] = Provider(name, base_url, p.timeout_s, headers)
+        providers[name] = Provider(name, base_url, p.timeout_s, headers, p.max_response_bytes)
     resources: dict[str, Resource] = {}
     for name, r in spec.resources.items():
         where = ("resources", name)
