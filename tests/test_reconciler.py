@@ -94,6 +94,7 @@ async def test_a_database_lost_mid_call_is_a_504_and_the_reconciler_finishes_the
             operation_id, call_id = problem["operation_id"], problem["call_id"]
             assert operation_id.startswith("op_")
             assert call_id.startswith("call_")
+            assert await effects(providers) == 1
 
             await own_postgres.start()
             db = await asyncpg.connect(url)

@@ -52,11 +52,14 @@ async def run(state: AppState) -> None:
     while True:
         await asyncio.sleep(EVERY_S)
         try:
-            await reconcile_stale(state)
+            looked_at = await reconcile_stale(state)
         except Unavailable as exc:
             log.warning("reconciliation postponed: %s", exc.detail)
         except Exception:
             log.exception("reconciliation pass failed; retrying on the next tick")
+        else:
+            if looked_at:
+                log.info("reconciliation pass: %d stale execution records looked at", looked_at)
 
 
 async def reconcile_stale(state: AppState) -> int | None:
