@@ -4,6 +4,12 @@ Redis only keeps instances from doing the same work at once; PostgreSQL stays th
 truth and providers deduplicate on the operation id, so an expired or lost lock never
 causes a second side effect. Without ``TOOLGATE_REDIS_URL`` the locks are in-process (one
 node only). A Redis failure raises ``Unavailable``: mutations fail closed.
+
+A command that fails with a connection error is sent once more on a fresh connection: after a
+Redis restart every pooled connection is dead, and without this the first request each one
+serves would fail. Only connection errors are retried, and only once, so Redis really being
+down still answers at once. A lock request that did land before its connection broke makes
+the second try find the key taken: the caller answers "in flight", never runs twice.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as Disconnected
 from redis.exceptions import RedisError
 
 from app.errors import Unavailable
@@ -27,7 +36,8 @@ return 0
 
 class Locks:
     def __init__(self, url: str | None, prefix: str) -> None:
-        self._redis = redis.Redis.from_url(url) if url else None
+        reconnect = Retry(NoBackoff(), retries=1, supported_errors=(Disconnected,))
+        self._redis = redis.Redis.from_url(url, retry=reconnect) if url else None
         self._release_script = self._redis.register_script(_RELEASE) if self._redis else None
         self._prefix = prefix
         self._local: dict[str, tuple[str, float]] = {}

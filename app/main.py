@@ -25,6 +25,7 @@ from app.approvals import router as approvals
 from app.audit import router as audit
 from app.audit import sealer as audit_sealer
 from app.auth.tokens import TokenVerifier
+from app.calls import reconciler
 from app.calls import router as calls
 from app.calls import store as calls_store
 from app.calls.gateway import Gateway
@@ -112,7 +113,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.freeze()  # start-up objects (catalog, schemas, modules) are never collected again
     gc.set_threshold(GC_THRESHOLD)
     loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task[None]] = {asyncio.create_task(purge_expired_records(state))}
+    tasks: set[asyncio.Task[None]] = {
+        asyncio.create_task(purge_expired_records(state)),
+        asyncio.create_task(reconciler.run(state)),
+    }
     if app.state.seal_in_lifespan:
         tasks.add(audit_sealer.start(state.db))
 

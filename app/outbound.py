@@ -3,7 +3,8 @@
 aiohttp's client is used because it was measured at several times httpx's throughput under
 concurrency on this hardware (see ``bench/``). Library exceptions are translated here into
 two outcomes that matter for exactly-once: the request certainly did not reach the peer
-(``NotSent``), or it may have (``Uncertain``). Redirects are never followed, and cookies
+(``NotSent``), or it may have (``Uncertain``); an answer longer than the caller's limit is
+``TooLarge``, a kind of ``Uncertain``. Redirects are never followed, and cookies
 are never kept: one session serves every principal, so a cookie a provider set on one
 user's call would otherwise ride along on the next user's call to that host.
 """
@@ -27,6 +28,16 @@ class NotSent(Exception):
 
 class Uncertain(Exception):
     """The request may have been received; its effect is unknown."""
+
+
+class TooLarge(Uncertain):
+    """The peer answered with a body longer than the limit, so its answer was not read; the
+    request was received and may have had its effect."""
+
+
+DEFAULT_MAX_BYTES = 1 << 20
+"""Bodies are read into memory, so every answer is capped: a provider (or a JWKS issuer)
+cannot make a worker buffer an unbounded body."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +71,13 @@ class Outbound:
         headers: Mapping[str, str] | None = None,
         json: Any = None,
         params: Mapping[str, str] | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> Response:
         """Send ``url`` exactly as written: it must already be percent-encoded, and is never
         re-encoded or normalized (``/a/../b`` stays as it is), so the peer receives the path
-        the caller built. ``params`` are encoded and appended to its query."""
+        the caller built. ``params`` are encoded and appended to its query.
+
+        Raises ``NotSent``, ``Uncertain``, or ``TooLarge`` past ``max_bytes`` of body."""
         assert self._session is not None, "Outbound.start() was not awaited"
         started = time.perf_counter()
         if json is not None:
@@ -82,7 +96,7 @@ class Outbound:
                 timeout=_timeout(timeout_s),
                 allow_redirects=False,
             ) as response:
-                raw = await response.read()
+                raw = await _read(response, max_bytes)
                 status = response.status
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise NotSent(f"{type(exc).__name__}: {exc}") from exc
@@ -93,6 +107,25 @@ class Outbound:
         except orjson.JSONDecodeError:
             body = None
         return Response(status, body, (time.perf_counter() - started) * 1000)
+
+
+async def _read(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The body as it arrives, given up on (and the connection with it) as soon as it is
+    longer than ``max_bytes``: never more than that plus one chunk in memory. A declared
+    ``Content-Length`` over the limit is refused before any of it is read. The count is of
+    decoded bytes, so a compressed body cannot expand past the limit either."""
+    if response.content_length is not None and response.content_length > max_bytes:
+        response.close()
+        raise TooLarge(f"the answer declares {response.content_length} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > max_bytes:
+            response.close()
+            raise TooLarge(f"the answer is longer than {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 @lru_cache(maxsize=64)

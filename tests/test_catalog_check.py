@@ -212,6 +212,24 @@ CASES: dict[str, Case] = {
         ("providers", "billing"),
         line="${TOOLGATE_TEST_BILLING_URL}",
     ),
+    "max_response_bytes_over_64_mib": Case(
+        "timeout_s: 2}",
+        "timeout_s: 2, max_response_bytes: 1073741824}",
+        ("providers", "billing", "max_response_bytes"),
+        line="max_response_bytes: 1073741824",
+    ),
+    "max_response_bytes_under_1_kib": Case(
+        "timeout_s: 2}",
+        "timeout_s: 2, max_response_bytes: 0}",
+        ("providers", "billing", "max_response_bytes"),
+        line="max_response_bytes: 0",
+    ),
+    "max_response_bytes_not_a_number": Case(
+        "timeout_s: 2}",
+        "timeout_s: 2, max_response_bytes: lots}",
+        ("providers", "billing", "max_response_bytes"),
+        line="max_response_bytes: lots",
+    ),
     "unset_env_reference_in_a_header": Case(
         "timeout_s: 2}",
         'timeout_s: 2, headers: {X-Api-Key: "${TOOLGATE_TEST_BILLING_KEY}"}}',
@@ -362,6 +380,14 @@ def test_path_arguments_are_placeholders_and_owner_looked_up_ids(tmp_path: Path)
     assert tools["get_order"].path_args == {"order_id"}
     assert tools["issue_refund"].path_args == {"order_id", "customer_id"}
     assert tools["update_email"].path_args == {"customer_id"}
+
+
+def test_max_response_bytes_defaults_to_1_mib_and_is_kept_per_provider(tmp_path: Path) -> None:
+    default = load(write(tmp_path, BASE), {})
+    assert default.tools["get_order"].provider.max_response_bytes == 1 << 20
+    text = edit(BASE, "timeout_s: 2}", "timeout_s: 2, max_response_bytes: 4096}")
+    limited = load(write(tmp_path, text), {})
+    assert limited.tools["get_order"].provider.max_response_bytes == 4096
 
 
 def test_env_references_resolve_from_the_given_environment(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 
-from tests.conftest import Providers, running_app
+from tests.conftest import OwnRedis, Providers, running_app
 from tests.flows import ALICE, Auth, Flow, new_key
 
 DEAD_PROVIDER_CATALOG = """
@@ -75,6 +75,34 @@ async def test_redis_down_fails_mutations_closed(
         assert (ready.status_code, ready.json()["checks"]["redis"]) == (503, "unreachable")
     assert (await providers.stats())["effects"] == 0
     assert await db.fetchval("SELECT count(*) FROM executions") == 0
+
+
+async def test_after_a_redis_restart_the_next_mutation_reconnects_and_runs_once(
+    env: dict[str, str],
+    auth: Auth,
+    providers: Providers,
+    db: asyncpg.Connection,
+    own_redis: OwnRedis,
+) -> None:
+    """Every pooled connection died with the old server; one transparent reconnect, not a
+    503. With Redis really gone the mutation still fails closed before the provider."""
+    args = {"subject": "s", "body": "b"}
+    async with running_app({**env, "TOOLGATE_REDIS_URL": own_redis.url}) as client:
+        flow = Flow(client, auth)
+        before = await flow.execute("create_ticket", args, new_key())
+        assert before.status_code == 200, before.text
+        await own_redis.restart()
+        after = await flow.execute("create_ticket", args, new_key())
+        assert after.status_code == 200, after.text
+        assert after.json()["status"] == "succeeded"
+        assert (await providers.stats())["effects"] == 2
+        await own_redis.stop()
+        down = await flow.execute("create_ticket", args, key := new_key())
+        assert (down.status_code, down.json()["code"]) == (503, "unavailable")
+        assert down.headers["content-type"] == "application/problem+json"
+    assert (await providers.stats())["effects"] == 2
+    assert len([r for r in await providers.requests() if r["method"] == "POST"]) == 2
+    assert await db.fetchval("SELECT count(*) FROM executions WHERE idempotency_key = $1", key) == 0
 
 
 async def test_a_lost_database_answers_503_not_an_allow(

@@ -19,7 +19,7 @@ from app.auth.principal import Principal
 from app.calls.policy import Owner, argument_text
 from app.catalog.models import Endpoint, Provider, Resource
 from app.errors import ProviderUnavailable
-from app.outbound import NotSent, Outbound, Response, Uncertain
+from app.outbound import NotSent, Outbound, Response, TooLarge, Uncertain
 from app.telemetry import ProviderCall, owner_lookup, tool_call
 
 
@@ -57,6 +57,8 @@ class Gateway:
         try:
             span = owner_lookup(resource.provider, resource.owner, resource.type)
             response = await self._send(resource.provider, request, {}, span)
+        except TooLarge as exc:
+            raise ProviderUnavailable("the resource owner lookup's response is too large") from exc
         except (NotSent, Uncertain) as exc:
             raise ProviderUnavailable("the resource owner could not be looked up") from exc
         body = response.body
@@ -110,6 +112,7 @@ class Gateway:
                 headers=all_headers,
                 json=request.json,
                 params=request.params,
+                max_bytes=provider.max_response_bytes,
             )
             span.answered(response.status)
         return response

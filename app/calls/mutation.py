@@ -6,11 +6,17 @@ open states. The Redis lock merely keeps two instances from working on one key a
 retry that finds an open record whose worker is gone (its lock lapsed) reconciles it with
 the provider instead of repeating it, and the provider deduplicates on the operation id.
 Commits on the happy path: the claim, then the outcome with its audit row.
+
+Once a request may have reached the provider, the answer is never "nothing ran": any
+uncertainty, including a database that fails while the outcome is being stored, is a 504
+naming the operation. A record whose outcome could not be stored stays open, and the
+background reconciler (``reconciler``) resolves it through ``reconcile`` below.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,6 +38,7 @@ from app.calls.decisions import (
 from app.calls.models import CallRow, ExecuteBody, ExecutionRow
 from app.calls.policy import Decision
 from app.calls.results import classify, result_body
+from app.catalog.models import Tool
 from app.errors import (
     ApprovalConsumed,
     ApprovalRejected,
@@ -43,6 +50,7 @@ from app.errors import (
     ProviderTimeout,
     ProviderUnavailable,
     ToolgateError,
+    Unavailable,
 )
 from app.ids import new_id
 from app.outbound import NotSent, Response, Uncertain
@@ -50,6 +58,7 @@ from app.state import AppState
 
 LOCK_MARGIN_S = 5.0
 FINISHED = ("succeeded", "failed")
+log = logging.getLogger("toolgate")
 _KEY = re.compile(r'"([A-Za-z0-9_-]{16,255})"|([A-Za-z0-9_-]{16,255})')
 
 Answer = tuple[dict[str, Any], dict[str, str]]
@@ -65,6 +74,16 @@ def parse_key(header: str | None) -> str:
     return match.group(1) or match.group(2)
 
 
+def lock_name(tenant: str, actor: str, key: str) -> str:
+    """The Redis lock a request on this key holds while it works on the key's record."""
+    return "idem:" + hashlib.sha256(f"{tenant}\0{actor}\0{key}".encode()).hexdigest()
+
+
+def lock_ttl(tool: Tool) -> float:
+    """Longer than a provider call may take: a lapsed lock means its holder is gone."""
+    return tool.provider.timeout_s + LOCK_MARGIN_S
+
+
 async def execute(
     state: AppState,
     attempt: Attempt,
@@ -77,9 +96,8 @@ async def execute(
     call, tool = attempt.call, attempt.tool
     assert call is not None
     assert tool is not None
-    principal = attempt.principal
-    lock = hashlib.sha256(f"{principal.tenant}\0{principal.sub}\0{key}".encode()).hexdigest()
-    async with state.locks.hold(f"idem:{lock}", tool.provider.timeout_s + LOCK_MARGIN_S) as held:
+    lock = lock_name(attempt.principal.tenant, attempt.principal.sub, key)
+    async with state.locks.hold(lock, lock_ttl(tool)) as held:
         if not held:
             raise IdempotencyInFlight("the original request with this key is still running")
         if _ungated(attempt, decision, existing):
@@ -241,12 +259,25 @@ async def _first_call(
 
 
 async def _resume(state: AppState, attempt: Attempt, record: ExecutionRow) -> Answer:
-    """An open record whose worker is gone: ask the provider what happened before acting."""
+    """An open record whose worker is gone: ask the provider what happened before acting;
+    re-send (with the same operation id) only when it cannot say or never saw it."""
+    telemetry.decided(attempt, record.call_id)
+    answer = await reconcile(state, attempt, record)
+    if answer is None:
+        return await _send(state, attempt, record, resumed=True)
+    return answer
+
+
+async def reconcile(state: AppState, attempt: Attempt, record: ExecutionRow) -> Answer | None:
+    """Ask the tool's ``reconcile`` endpoint what became of the open ``record``, and store a
+    finished outcome exactly as a first send would have (what replays answer from then on).
+    ``None`` when the tool has no such endpoint or the provider never saw the operation. No
+    usable answer: the record is marked unknown and ``ProviderTimeout`` raised. A client's
+    retry and the background reconciler both resolve records through here."""
     tool = attempt.tool
     assert tool is not None
-    telemetry.decided(attempt, record.call_id)
     if tool.reconcile is None:
-        return await _send(state, attempt, record, resumed=True)
+        return None
     try:
         response = await state.gateway.call(
             tool.provider,
@@ -256,13 +287,13 @@ async def _resume(state: AppState, attempt: Attempt, record: ExecutionRow) -> An
             record.call_id,
         )
     except (NotSent, Uncertain) as exc:
-        await _mark_unknown(state, record)
+        await mark_unknown(state, attempt, record)
         raise _timeout(record) from exc
     body = response.body if isinstance(response.body, dict) else {}
     if response.status == 404:
-        return await _send(state, attempt, record, resumed=True)
+        return None
     if response.status != 200 or body.get("status") not in FINISHED:
-        await _mark_unknown(state, record)
+        await mark_unknown(state, attempt, record)
         raise _timeout(record)
     provider_status = body.get("provider_status")
     if not isinstance(provider_status, int):
@@ -293,14 +324,14 @@ async def _send(
             raise ProviderUnavailable(
                 "the provider could not be reached; nothing ran", call_id=record.call_id
             ) from exc
-        await _mark_unknown(state, record)
+        await mark_unknown(state, attempt, record)
         raise _timeout(record) from exc
     except Uncertain as exc:
-        await _mark_unknown(state, record, attempt)
+        await mark_unknown(state, attempt, record)
         raise _timeout(record) from exc
     status = classify(response.status)
     if status == "unknown":
-        await _mark_unknown(state, record, attempt, response.status)
+        await mark_unknown(state, attempt, record, response.status)
         raise _timeout(record)
     return await _store_outcome(
         state,
@@ -320,6 +351,9 @@ async def _store_outcome(
     status: str,
     event: str,
 ) -> Answer:
+    """Finish ``record`` with the provider's answer and its audit row. The provider has
+    acted: if the database fails now, the answer is still the 504 of an unknown outcome,
+    and the record, still open, is left to reconciliation."""
     tool = attempt.tool
     assert tool is not None
     answer = result_body(
@@ -338,14 +372,20 @@ async def _store_outcome(
         },
         provider_ms=response.elapsed_ms,
     )
-    async with writing(state, attempt) as conn:
-        if await store.finish(conn, record.operation_id, status, response.status, answer, audit):
-            await record_run_outcome(conn, attempt, status, answer["result"])
-            finished = None
-        else:  # another worker (whose lock had lapsed) recorded the outcome first
-            finished = await store.get_execution(
-                conn, record.tenant, record.actor, record.idempotency_key
-            )
+    try:
+        async with writing(state, attempt) as conn:
+            if await store.finish(
+                conn, record.operation_id, status, response.status, answer, audit
+            ):
+                await record_run_outcome(conn, attempt, status, answer["result"])
+                finished = None
+            else:  # another worker (whose lock had lapsed) recorded the outcome first
+                finished = await store.get_execution(
+                    conn, record.tenant, record.actor, record.idempotency_key
+                )
+    except Unavailable as exc:
+        _unrecorded(record, status)
+        raise _timeout(record) from exc
     if finished is not None:
         if finished.response is None:
             raise _timeout(record)
@@ -377,37 +417,46 @@ async def _release(state: AppState, attempt: Attempt, record: ExecutionRow) -> N
     telemetry.executed(record.tool, record.call_id, "failed")
 
 
-async def _mark_unknown(
-    state: AppState,
-    record: ExecutionRow,
-    attempt: Attempt | None = None,
-    provider_status: int | None = None,
+async def mark_unknown(
+    state: AppState, attempt: Attempt, record: ExecutionRow, provider_status: int | None = None
 ) -> None:
     """The provider may have acted: keep the record open as ``unknown`` for reconciliation.
-    With ``attempt``, this is news (a first send's outcome) and is audited and counted."""
-    event = None
-    if attempt is not None:
-        event = attempt.event(
-            "failed",
-            record.call_id,
-            decision="allow",
-            code="provider_timeout",
-            reason="outcome unknown until reconciled",
-            approval_id=record.approval_id,
-            outcome={
-                "status": "unknown",
-                "provider_status": provider_status,
-                "operation_id": record.operation_id,
-            },
-        )
-    async with state.db.transaction() as conn:
-        changed = await store.finish(
-            conn, record.operation_id, "unknown", provider_status, None, event
-        )
-        if changed and attempt is not None:
-            await record_run_outcome(conn, attempt, "unknown", None)
+    Only the move out of ``in_flight`` is news, audited and counted once; a record already
+    unknown stays as it is. When the database is unavailable the record stays in flight
+    (the reconciler's to resolve) and the caller still answers with ``_timeout``."""
+    event = attempt.event(
+        "failed",
+        record.call_id,
+        decision="allow",
+        code="provider_timeout",
+        reason="outcome unknown until reconciled",
+        approval_id=record.approval_id,
+        outcome={
+            "status": "unknown",
+            "provider_status": provider_status,
+            "operation_id": record.operation_id,
+        },
+    )
+    try:
+        async with state.db.transaction() as conn:
+            changed = await store.finish(
+                conn, record.operation_id, "unknown", provider_status, None, event
+            )
+            if changed:
+                await record_run_outcome(conn, attempt, "unknown", None)
+    except Unavailable:
+        _unrecorded(record, "unknown")
+        return
     if changed:
         telemetry.executed(record.tool, record.call_id, "unknown")
+
+
+def _unrecorded(record: ExecutionRow, status: str) -> None:
+    log.warning(
+        "outcome %s of operation %s not recorded: database unavailable; left to reconciliation",
+        status,
+        record.operation_id,
+    )
 
 
 def _timeout(record: ExecutionRow) -> ToolgateError:

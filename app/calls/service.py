@@ -36,10 +36,11 @@ from app.calls.results import classify, result_body
 from app.canonical import digest
 from app.errors import InvalidRequest, ProviderTimeout, ProviderUnavailable
 from app.ids import new_id
-from app.outbound import NotSent, Uncertain
+from app.outbound import NotSent, TooLarge, Uncertain
 from app.state import AppState
 
 DRY_RUN_TTL_S = 300
+TOO_LARGE = "the provider's response is too large"
 
 
 async def propose(state: AppState, principal: Principal, body: ProposeBody) -> dict[str, Any]:
@@ -150,6 +151,9 @@ async def _read(
     except NotSent as exc:
         await _record_read(state, attempt, decision, existing, call_id, None)
         raise ProviderUnavailable("the provider could not be reached", call_id=call_id) from exc
+    except TooLarge as exc:
+        await _record_read(state, attempt, decision, existing, call_id, None)
+        raise ProviderUnavailable(TOO_LARGE, call_id=call_id) from exc
     except Uncertain as exc:
         await _record_read(state, attempt, decision, existing, call_id, None)
         raise ProviderTimeout(
@@ -228,6 +232,8 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
         )
     except NotSent as exc:
         raise ProviderUnavailable("the provider could not be reached") from exc
+    except TooLarge as exc:
+        raise ProviderUnavailable(TOO_LARGE, call_id=existing.id) from exc
     except Uncertain as exc:
         raise ProviderTimeout("the provider did not answer the preview in time") from exc
     if classify(response.status) != "succeeded":

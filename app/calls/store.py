@@ -138,7 +138,7 @@ _FINISH = """
     change AS (
         UPDATE executions
         SET state = $2, provider_status = $3, response = $4, updated_at = now()
-        WHERE operation_id = $1 AND state IN ('in_flight', 'unknown')
+        WHERE operation_id = $1 AND state IN ('in_flight', 'unknown') AND state <> $2
         RETURNING call_id
     ),
     moved AS (
@@ -156,7 +156,8 @@ async def finish(
     event: AuditEvent | None,
 ) -> bool:
     """Record an outcome on the execution and its call, with ``event`` when given, in one
-    statement; only an open record (in flight or unknown) may change."""
+    statement; only an open record (in flight or unknown) may change, and a record already
+    unknown does not become unknown again (no second audit row)."""
     args = (operation_id, state, provider_status, response)
     if event is not None:
         return await append_after(conn, _FINISH, args, event)
@@ -167,6 +168,45 @@ async def release(conn: Connection, operation_id: str) -> None:
     """Forget a claim whose request certainly never reached the provider."""
     await conn.execute(
         "DELETE FROM executions WHERE operation_id = $1 AND state = 'in_flight'", operation_id
+    )
+
+
+RECONCILER_LOCK = 74203
+"""Advisory lock key: one reconciliation pass at a time across every instance."""
+
+
+async def try_lock_reconciler(conn: Connection) -> bool:
+    """Session-level: held until ``unlock_reconciler`` on the same connection (or until
+    that connection ends), outside any transaction."""
+    return bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", RECONCILER_LOCK))
+
+
+async def unlock_reconciler(conn: Connection) -> None:
+    await conn.execute("SELECT pg_advisory_unlock($1)", RECONCILER_LOCK)
+
+
+async def stale_executions(conn: Connection, older_than_s: float, limit: int) -> list[ExecutionRow]:
+    """Open records (in flight or unknown) unchanged for ``older_than_s``, oldest first."""
+    rows = await conn.fetch(
+        """
+        SELECT * FROM executions
+        WHERE state IN ('in_flight', 'unknown') AND updated_at < now() - make_interval(secs => $1)
+        ORDER BY updated_at LIMIT $2
+        """,
+        older_than_s,
+        limit,
+    )
+    return [ExecutionRow(**dict(r)) for r in rows]
+
+
+async def postpone(conn: Connection, operation_id: str) -> None:
+    """Send an open record to the back of the reconciler's queue (its ``updated_at``)."""
+    await conn.execute(
+        """
+        UPDATE executions SET updated_at = now()
+        WHERE operation_id = $1 AND state IN ('in_flight', 'unknown')
+        """,
+        operation_id,
     )
 
 

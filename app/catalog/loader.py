@@ -104,7 +104,7 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
                 "must be written percent-encoded, with no '.' or '..' path segments",
             )
             continue
-        providers[name] = Provider(name, base_url, p.timeout_s, headers)
+        providers[name] = Provider(name, base_url, p.timeout_s, headers, p.max_response_bytes)
     resources: dict[str, Resource] = {}
     for name, r in spec.resources.items():
         where = ("resources", name)

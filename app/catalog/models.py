@@ -20,6 +20,7 @@ class Provider:
     base_url: str
     timeout_s: float
     headers: Mapping[str, str]
+    max_response_bytes: int
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.outbound import DEFAULT_MAX_BYTES
+
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -21,6 +23,8 @@ class ProviderSpec(_Spec):
     base_url: str = Field(min_length=1)
     timeout_s: float = Field(default=5.0, gt=0, le=300)
     headers: dict[str, str] = Field(default_factory=dict)
+    max_response_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1024, le=64 << 20)
+    """The longest answer read from this provider; a longer one is not read at all."""
 
 
 class EndpointSpec(_Spec):
