@@ -114,7 +114,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = {asyncio.create_task(purge_expired_records(state))}
     if app.state.seal_in_lifespan:
-        tasks.add(audit_sealer.start(state.db))
+        tasks.add(audit_sealer.start(state.db, state.settings))
 
     def on_sighup() -> None:
         task = asyncio.create_task(reload_catalog(state))
