@@ -404,3 +404,20 @@ async def test_keygen_writes_a_private_key_once_and_prints_its_public_key(tmp_pa
     assert again.returncode == 2
     assert "cannot write" in again.stderr
     assert SigningKey.load(out).public.key_id == key.public.key_id
+
+
+async def test_a_signing_key_that_is_not_an_ed25519_key_is_refused_clearly(
+    setup: Setup, tmp_path: Path
+) -> None:
+    not_a_key = tmp_path / "not-a-key.pem"
+    not_a_key.write_text("hello\n")
+    result = await asyncio.to_thread(
+        toolgate,
+        "audit",
+        "verify",
+        TOOLGATE_DATABASE_URL=setup.url,
+        TOOLGATE_AUDIT_SIGNING_KEY=str(not_a_key),
+    )
+    assert result.returncode == 2
+    assert "TOOLGATE_AUDIT_SIGNING_KEY" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import orjson
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -70,7 +70,7 @@ class PublicKey:
     def load(cls, path: Path) -> PublicKey:
         try:
             key = serialization.load_pem_public_key(_read(path))
-        except ValueError as exc:
+        except (ValueError, UnsupportedAlgorithm) as exc:
             raise ConfigError(f"{path}: {exc}") from None
         if not isinstance(key, Ed25519PublicKey):
             raise ConfigError(f"{path} is not an Ed25519 public key")
@@ -106,7 +106,7 @@ class SigningKey:
     def load(cls, path: Path) -> SigningKey:
         try:
             key = serialization.load_pem_private_key(_read(path), password=None)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise ConfigError(f"{path}: {exc}") from None
         if not isinstance(key, Ed25519PrivateKey):
             raise ConfigError(f"{path} is not an Ed25519 private key")
