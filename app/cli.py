@@ -1,4 +1,4 @@
-"""The ``toolgate`` command: serve, migrate, check, token (SPEC §2), audit verify."""
+"""The ``toolgate`` command: serve, migrate, check, token (SPEC §2), audit verify and keygen."""
 
 from __future__ import annotations
 
@@ -38,9 +38,29 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--ttl", type=int, default=3600)
     audit = commands.add_parser("audit", help="the audit trail")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
-    audit_commands.add_parser(
-        "verify", help="seal pending rows, recompute the hash chain, name the first broken row"
+    verify = audit_commands.add_parser(
+        "verify",
+        help="seal pending rows, recompute the hash chain, check its signed head and "
+        "published checkpoints, name the first broken row",
     )
+    verify.add_argument(
+        "--checkpoints",
+        type=Path,
+        metavar="FILE",
+        help="checkpoints published outside the database (the TOOLGATE_AUDIT_CHECKPOINT_FILE, "
+        "or the sealer's 'audit checkpoint' log lines): the chain must still hold each one",
+    )
+    verify.add_argument(
+        "--public-key",
+        type=Path,
+        metavar="PEM",
+        help="the checkpoints' Ed25519 public key (default: that of TOOLGATE_AUDIT_SIGNING_KEY)",
+    )
+    keygen = audit_commands.add_parser(
+        "keygen",
+        help="write a new Ed25519 key for TOOLGATE_AUDIT_SIGNING_KEY; print its public key",
+    )
+    keygen.add_argument("--out", type=Path, required=True, metavar="PATH")
     return parser
 
 
@@ -59,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "check":
             return _check(settings, Path(args.path) if args.path else settings.catalog_path)
+        if args.command == "audit" and args.audit_command == "keygen":
+            return _audit_keygen(args.out)
         if args.command == "audit":
-            return asyncio.run(_audit_verify(settings))
+            return asyncio.run(_audit_verify(settings, args.checkpoints, args.public_key))
         roles = [r for r in args.roles.split(",") if r]
         from app.auth.tokens import mint
 
@@ -81,17 +103,36 @@ async def _migrate(settings: Settings) -> list[str]:
         raise ConfigError(exc.detail) from None
 
 
-async def _audit_verify(settings: Settings) -> int:
-    """Exit 0 when the chain is intact, 1 when it is broken (the report names the row)."""
+def _audit_keygen(out: Path) -> int:
+    """The private key goes to ``out`` (mode 0600, never over a file); the public key, which
+    auditors verify checkpoints with, to stdout."""
+    from app.audit.checkpoints import SigningKey
+
+    key = SigningKey.generate()
+    key.save(out)
+    print(f"wrote {out} (key id {key.public.key_id}); its public key:", file=sys.stderr)
+    print(key.public.pem(), end="")
+    return 0
+
+
+async def _audit_verify(settings: Settings, exported: Path | None, public: Path | None) -> int:
+    """Exit 0 when the chain is intact, 1 when it is broken or stalled (the report says
+    where), 2 when it cannot be checked."""
+    from app.audit import checkpoints
     from app.audit.service import seal_and_verify
     from app.db import pending_migrations
     from app.errors import Unavailable
 
     url = settings.check_database()
+    key = checkpoints.signing_key(settings)
+    public_key = key.public if key else None
+    if public is not None:
+        public_key = checkpoints.PublicKey.load(public)
+    published = checkpoints.read(exported) if exported else []
     try:
         if await pending_migrations(url):
             raise ConfigError("the database schema is not migrated; run `toolgate migrate`")
-        report = await seal_and_verify(url)
+        report = await seal_and_verify(url, key, public_key, published)
     except Unavailable as exc:
         raise ConfigError(exc.detail) from None
     print(report.summary())
@@ -116,7 +157,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
     """Check everything a worker would, so a bad start fails here with a clear message."""
     import uvicorn
 
-    from app.audit import sealer
+    from app.audit import checkpoints, sealer
     from app.catalog.loader import CatalogError
     from app.errors import Unavailable
     from app.logs import log_config
@@ -126,6 +167,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         await close_state(await open_state(settings))
 
     try:
+        checkpoints.signing_key(settings)
         asyncio.run(preflight())
     except CatalogError as exc:
         raise ConfigError(f"invalid catalog:\n{exc}") from None

@@ -7,7 +7,9 @@ a ``Connection`` from here; the use case owns the transaction.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import math
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
@@ -43,9 +45,48 @@ def _encode_json(value: object) -> str:
         return json.dumps(value)
 
 
+def _decode_json(text: str) -> Any:
+    """A stored JSON document, read by orjson; the rare one it refuses goes to the stdlib.
+
+    orjson reads 64-bit integers as ints and every other number as the nearest double, and
+    refuses a number beyond double range (a 400-digit integer) and nesting deeper than 1024.
+    Such rows exist (written before the API refused them, or by hand), and one of them must
+    not fail every read that touches it: audit listing, sealing, verification.
+    """
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return _decode_unusual(text)
+
+
+def _decode_unusual(text: str) -> Any:
+    """Numbers as orjson reads them where it can, and one beyond double range as its decimal
+    text (every digit kept, so it still hashes and renders); a document even the stdlib
+    cannot read (nested too deep) stands in as the digest of its stored text."""
+    try:
+        return json.loads(text, parse_int=_integer, parse_float=_number)
+    except (ValueError, RecursionError):
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        return {"omitted": "not readable as JSON here", "digest": f"sha256:{digest}"}
+
+
+_INT64 = range(-(2**63), 2**64)
+
+
+def _integer(text: str) -> int | float | str:
+    if len(text) <= 20 and int(text) in _INT64:
+        return int(text)
+    return _number(text)
+
+
+def _number(text: str) -> float | str:
+    value = float(text)
+    return value if math.isfinite(value) else text
+
+
 async def _init(conn: Connection) -> None:
     await conn.set_type_codec(
-        "jsonb", encoder=_encode_json, decoder=orjson.loads, schema="pg_catalog"
+        "jsonb", encoder=_encode_json, decoder=_decode_json, schema="pg_catalog"
     )
 
 

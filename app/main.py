@@ -118,7 +118,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         asyncio.create_task(reconciler.run(state)),
     }
     if app.state.seal_in_lifespan:
-        tasks.add(audit_sealer.start(state.db))
+        tasks.add(audit_sealer.start(state.db, state.settings))
 
     def on_sighup() -> None:
         task = asyncio.create_task(reload_catalog(state))

@@ -35,6 +35,10 @@ class Settings:
     auditor_role: str
     admin_role: str
     idempotency_ttl_s: int
+    audit_signing_key_file: Path | None = None
+    """Ed25519 private key (PEM) signing the audit chain's checkpoints; kept off the database."""
+    audit_checkpoint_file: Path | None = None
+    """Where the audit sealer appends its signed checkpoints (NDJSON), besides its log."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The environment the settings came from; catalog ``${ENV}`` references resolve here."""
 
@@ -61,7 +65,7 @@ class Settings:
             redis_url=get("REDIS_URL"),
             redis_prefix=get("REDIS_PREFIX") or "toolgate:",
             jwt_secret=secret,
-            jwt_public_key_file=Path(public_key) if public_key else None,
+            jwt_public_key_file=_path(public_key),
             jwks_url=jwks_url,
             jwt_algorithms=allowed,
             jwt_issuer=get("JWT_ISSUER"),
@@ -71,6 +75,8 @@ class Settings:
             auditor_role=get("AUDITOR_ROLE") or "auditor",
             admin_role=get("ADMIN_ROLE") or "admin",
             idempotency_ttl_s=int(ttl),
+            audit_signing_key_file=_path(get("AUDIT_SIGNING_KEY")),
+            audit_checkpoint_file=_path(get("AUDIT_CHECKPOINT_FILE")),
             env=dict(env),
         )
 
@@ -106,3 +112,7 @@ class Settings:
         if not self.database_url.startswith(("postgresql://", "postgres://")):
             raise ConfigError("TOOLGATE_DATABASE_URL must be a postgresql:// URL")
         return self.database_url
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None

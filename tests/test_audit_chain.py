@@ -127,6 +127,9 @@ async def test_rows_are_sealed_right_after_requests_and_the_chain_verifies(
         "unsealed": 0,
         "skipped": 0,
         "first_broken": None,
+        "stalled": 0,
+        "signed": False,
+        "key_id": None,
     }
     items = (await client.get("/audit", headers=admin(auth))).json()["items"]
     assert [i["event"] for i in items] == ["proposed", "proposed", "denied"]

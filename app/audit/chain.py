@@ -10,6 +10,8 @@ hash. Editing any field, or the link, changes it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -60,18 +62,38 @@ def item(row: AuditRow) -> dict[str, Any]:
 
 
 def _jcs_domain(value: Any) -> Any:
-    """``value`` with numbers JCS cannot express made expressible, deterministically.
+    """``value`` as it is published and hashed: anything JCS or a reader cannot take made
+    expressible, deterministically, so that no stored value can stall the chain.
 
-    Stored JSON may hold integers beyond 2**53 (a denied call's raw arguments) or numbers that
-    decode to infinity; JCS refuses both and a refused row would stall the chain. Such an
-    integer becomes the double JCS would read it as, and anything still not finite becomes
-    its decimal text. Items are published in this form, so what a reader sees is what was
-    hashed.
+    Stored JSON may hold integers beyond 2**53 (a denied call's raw arguments), numbers that
+    decode to infinity, or nesting deeper than any request may carry (written by hand or by
+    an older version). Such an integer becomes the double JCS would read it as, anything
+    still not finite becomes its decimal text, and a document nested deeper than
+    ``MAX_DEPTH`` is stood in for by the digest of its contents (``_omitted``). Items are
+    published in this form, so what a reader sees is what was hashed.
     """
-    if isinstance(value, dict):
-        return {key: _jcs_domain(inner) for key, inner in value.items()}
-    if isinstance(value, list):
-        return [_jcs_domain(inner) for inner in value]
+    try:
+        return _expressible(value, MAX_DEPTH)
+    except _TooDeep:
+        return _omitted(value)
+
+
+MAX_DEPTH = 200
+"""Deeper than any request body can nest (its parser stops at 200) and shallow enough for
+every encoder and for recursion."""
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _expressible(value: Any, depth: int) -> Any:
+    if isinstance(value, dict | list):
+        if depth == 0:
+            raise _TooDeep
+        if isinstance(value, dict):
+            return {key: _expressible(inner, depth - 1) for key, inner in value.items()}
+        return [_expressible(inner, depth - 1) for inner in value]
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int) and abs(value) > _SAFE_INT:
@@ -82,11 +104,61 @@ def _jcs_domain(value: Any) -> Any:
     return value
 
 
+def _omitted(value: Any) -> dict[str, str]:
+    """A stand-in for a document too deep to publish: the digest of an unambiguous text of
+    it (sorted keys), written without recursion, so any edit of it still changes the row's
+    hash."""
+    text = hashlib.sha256()
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _Token):
+            text.update(node.text)
+        elif isinstance(node, dict):
+            text.update(b"{")
+            stack.append(_Token(b"}"))
+            for key in sorted(node, reverse=True):
+                stack += [node[key], _Token(json.dumps(key).encode() + b":")]
+        elif isinstance(node, list):
+            text.update(b"[")
+            stack.append(_Token(b"]"))
+            stack.extend(reversed(node))
+        else:
+            text.update(json.dumps(_expressible(node, 0)).encode() + b",")
+    return {
+        "omitted": f"nested deeper than {MAX_DEPTH} levels",
+        "digest": "sha256:" + text.hexdigest(),
+    }
+
+
+@dataclass(frozen=True)
+class _Token:
+    text: bytes
+
+
 def row_hash(row: AuditRow, prev_hash: str) -> str:
-    document = item(row)
+    return _hash(item(row), prev_hash)
+
+
+def _hash(document: dict[str, Any], prev_hash: str) -> str:
     del document["hash"]
     document["prev_hash"] = prev_hash
     return digest(document)
+
+
+_DOCUMENTS = ("target", "arguments", "authorized_by", "outcome")
+
+
+def stood_in(document: dict[str, Any]) -> list[str]:
+    """The JSON fields of a published row that hold a stand-in (``_omitted``, or the
+    database facade's for a document it could not read) instead of what is stored."""
+    return [
+        name
+        for name in _DOCUMENTS
+        if isinstance(value := document[name], dict)
+        and value.keys() == {"omitted", "digest"}
+        and str(value["digest"]).startswith("sha256:")
+    ]
 
 
 @dataclass
@@ -98,6 +170,8 @@ class Plan:
     gaps: list[Gap] = field(default_factory=list)
     waiting: bool = False
     """Stopped at a seq that is missing but younger than the grace period."""
+    stood_in: dict[int, list[str]] = field(default_factory=dict)
+    """Sealed rows whose published form stands in for a stored document, by seq."""
 
 
 def plan(head: ChainHead, unsealed: Sequence[AuditRow], now: datetime, grace: timedelta) -> Plan:
@@ -127,7 +201,10 @@ def plan(head: ChainHead, unsealed: Sequence[AuditRow], now: datetime, grace: ti
 
 def _append(result: Plan, row: AuditRow, sealed_through: int) -> None:
     head = result.head
-    seal = Seal(row.seq, head.chain_pos + 1, head.hash, row_hash(row, head.hash))
+    document = item(row)
+    if fields := stood_in(document):
+        result.stood_in[row.seq] = fields
+    seal = Seal(row.seq, head.chain_pos + 1, head.hash, _hash(document, head.hash))
     result.seals.append(seal)
     result.head = ChainHead(seal.chain_pos, seal.hash, sealed_through)
 
@@ -176,4 +253,18 @@ def check_end(walk: Walk, head: ChainHead | None) -> Broken | None:
     if head is not None and head.hash != walk.hash:
         reason = "the last sealed row does not match the recorded chain head"
         return Broken(walk.seq, walk.chain_pos, reason)
+    return None
+
+
+def check_accounts(head: ChainHead | None, beyond: int, uncovered: int) -> Broken | None:
+    """Sealed and skipped rows must add up: no row carries chain columns outside the chain
+    (``beyond``), and every seq up to ``sealed_through`` is sealed or inside a recorded gap
+    (``uncovered`` are neither)."""
+    end = head.chain_pos if head else 0
+    if beyond:
+        return Broken(None, end, f"{beyond} rows carry chain columns but are not in the chain")
+    if uncovered:
+        through = head.sealed_through if head else 0
+        reason = f"{uncovered} seqs up to {through} are neither sealed nor recorded as skipped"
+        return Broken(None, end, reason)
     return None

@@ -77,6 +77,34 @@ class ChainHead:
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A chain head as stored and published: the head, when it was written (RFC 3339, the
+    database's clock) and, when the sealer holds a signing key, that key's id and its
+    signature (``app.audit.checkpoints``)."""
+
+    chain_pos: int
+    hash: str
+    sealed_through: int
+    at: str
+    key_id: str | None = None
+    signature: str | None = None
+
+    @property
+    def head(self) -> ChainHead:
+        return ChainHead(self.chain_pos, self.hash, self.sealed_through)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "chain_pos": self.chain_pos,
+            "hash": self.hash,
+            "sealed_through": self.sealed_through,
+            "at": self.at,
+            "key_id": self.key_id,
+            "signature": self.signature,
+        }
+
+
+@dataclass(frozen=True)
 class Seal:
     """The chain columns the sealer writes onto one row."""
 
@@ -120,6 +148,14 @@ class VerifyReport:
     skipped: int
     """Seqs the sealer passed over (rolled-back transactions)."""
     first_broken: Broken | None
+    stalled: int = 0
+    """Unsealed rows older than the sealer could have left them: sealing has stopped."""
+    signed: bool = False
+    """The chain head carries a checkpoint signature that verified with toolgate's key."""
+    key_id: str | None = None
+    """The key the head's checkpoint names (verified or not); None when it is unsigned."""
+    exported: int = 0
+    """Checkpoints published outside the database that were checked against the chain."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -129,14 +165,19 @@ class VerifyReport:
             "unsealed": self.unsealed,
             "skipped": self.skipped,
             "first_broken": self.first_broken.as_dict() if self.first_broken else None,
+            "stalled": self.stalled,
+            "signed": self.signed,
+            "key_id": self.key_id,
         }
 
     def summary(self) -> str:
         """The report for an operator's terminal."""
         lines = [
-            f"audit chain: {'intact' if self.ok else 'BROKEN'}",
+            f"audit chain: {self._verdict()}",
             f"checked {self.checked} sealed rows; sealed through seq {self.sealed_through}; "
-            f"{self.unsealed} unsealed; {self.skipped} skipped seqs",
+            f"{self.unsealed} unsealed ({self.stalled} stalled); {self.skipped} skipped seqs",
+            f"chain head: {self._signature()}",
+            f"checked {self.exported} exported checkpoints",
         ]
         if self.first_broken is not None:
             broken = self.first_broken
@@ -145,3 +186,17 @@ class VerifyReport:
                 f"first broken row: {where} (chain position {broken.chain_pos}): {broken.reason}"
             )
         return "\n".join(lines)
+
+    def _verdict(self) -> str:
+        if self.ok:
+            return "intact"
+        if self.first_broken is not None:
+            return "BROKEN"
+        return "STALLED: rows stay unsealed (sealing has stopped; see the sealer's log)"
+
+    def _signature(self) -> str:
+        if self.signed:
+            return f"signed by key {self.key_id}"
+        if self.key_id is None:
+            return "unsigned"
+        return f"signed by key {self.key_id}, NOT verified (no public key of it given)"

@@ -19,6 +19,15 @@ sealer writes ``chain_pos``/``prev_hash``/``hash`` onto committed rows right aft
   the chain is ordered by ``chain_pos`` (sealing order), not by seq, so verify tells a
   skipped seq (no sealed row ever held it) from a deleted row (a hole in ``chain_pos``, a
   broken ``prev_hash`` link, or a chain shorter than its recorded head).
+- **Only from a head it can vouch for, signing the new one.** Before extending the chain a
+  pass checks the stored head against its signed checkpoint (``checkpoints.refusal``): a
+  head moved without the key is not extended, and the refusal is logged. The new head is
+  written as a checkpoint, signed when ``TOOLGATE_AUDIT_SIGNING_KEY`` is set, in the same
+  transaction, and the newest one is published after commit, at most every
+  ``PUBLISH_EVERY_S``, as a log line and to ``TOOLGATE_AUDIT_CHECKPOINT_FILE``.
+- **No row stalls it.** A row's published form is total (``chain.item``): a stored value
+  nothing can publish is hashed as a digest stand-in, logged as an error, and the chain
+  moves on.
 - **Promptly, off the request path.** A pass runs every ``EVERY_S``, so a row is sealed
   within about that long after it commits, whichever instance wrote it; an idle pass is one
   short transaction that finds nothing. ``toolgate serve`` runs the passes in a process of
@@ -34,23 +43,30 @@ import asyncio
 import contextlib
 import logging
 import logging.config
+import math
 import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
-from app.audit import chain, store
-from app.audit.models import ChainHead
+from app.audit import chain, checkpoints, store
+from app.audit.checkpoints import SigningKey
+from app.audit.models import ChainHead, Checkpoint
 from app.db import Database
 from app.errors import Unavailable
+from app.settings import ConfigError, Settings
 
 GRACE_S = 5.0
 EVERY_S = 0.2
 BATCH = 500
 BUSY_RETRY_S = 0.05
 BUSY_RETRIES = 40
+PUBLISH_EVERY_S = 1.0
+REFUSAL_LOG_EVERY_S = 60.0
 log = logging.getLogger("toolgate.audit")
 
 
@@ -65,23 +81,36 @@ class Pass:
     """Stopped at a missing seq still inside the grace period."""
     more: bool = False
     """The batch was full: more rows may be waiting."""
+    checkpoint: Checkpoint | None = None
+    """The head this pass wrote."""
+    refused: str | None = None
+    """Why the chain head must not be extended (``checkpoints.refusal``); nothing was sealed."""
 
 
-async def seal_pending(db: Database, grace_s: float = GRACE_S, batch: int = BATCH) -> Pass:
-    """One pass: seal up to ``batch`` committed rows, if no other sealer is running."""
+async def seal_pending(
+    db: Database, grace_s: float = GRACE_S, batch: int = BATCH, *, key: SigningKey | None = None
+) -> Pass:
+    """One pass: seal up to ``batch`` committed rows, if no other sealer is running, and
+    write the new head as a checkpoint (signed with ``key``)."""
     async with db.transaction() as conn:
         if not await store.try_lock_sealer(conn):
             return Pass(busy=True)
         rows = await store.unsealed(conn, batch)
         if not rows:
             return Pass()
+        current = await store.head(conn)
+        refused = checkpoints.refusal(current, key)
+        if refused is not None:
+            return Pass(refused=refused)
         now = await store.database_now(conn)
-        head = await store.head(conn) or ChainHead(0, chain.GENESIS, 0)
+        head = current.head if current else ChainHead(0, chain.GENESIS, 0)
         plan = chain.plan(head, rows, now, timedelta(seconds=grace_s))
+        checkpoint = None
         if plan.seals:
+            checkpoint = checkpoints.checkpoint(plan.head, chain.rfc3339(now), key)
             await store.seal(conn, plan.seals)
             await store.record_gaps(conn, plan.gaps)
-            await store.save_head(conn, plan.head)
+            await store.save_head(conn, checkpoint)
     for gap in plan.gaps:
         log.warning(
             "audit seqs %d..%d never committed within %.0f s; sealed past them",
@@ -89,16 +118,33 @@ async def seal_pending(db: Database, grace_s: float = GRACE_S, batch: int = BATC
             gap.last_seq,
             grace_s,
         )
+    for seq, fields in plan.stood_in.items():
+        log.error(
+            "audit seq %d sealed with a stand-in (digest) for %s: the stored JSON is beyond "
+            "what can be published (numbers beyond range are kept as text; see the row)",
+            seq,
+            ", ".join(fields),
+        )
+    if checkpoint and current and key and current.signature is None:
+        log.warning(
+            "audit chain head at position %d had no signature; signed as found from now on "
+            "(expected once after enabling TOOLGATE_AUDIT_SIGNING_KEY; otherwise compare "
+            "with the published checkpoints: toolgate audit verify --checkpoints)",
+            current.chain_pos,
+        )
     return Pass(
-        sealed=len(plan.seals), waiting=plan.waiting, more=len(rows) == batch and not plan.waiting
+        sealed=len(plan.seals),
+        waiting=plan.waiting,
+        more=len(rows) == batch and not plan.waiting,
+        checkpoint=checkpoint,
     )
 
 
-async def seal_all(db: Database, grace_s: float = GRACE_S) -> int:
+async def seal_all(db: Database, grace_s: float = GRACE_S, *, key: SigningKey | None = None) -> int:
     """Seal everything sealable now, waiting for another sealer if needed; rows sealed."""
     sealed = 0
     while True:
-        result = await seal_pending(db, grace_s)
+        result = await seal_pending(db, grace_s, key=key)
         sealed += result.sealed
         if result.busy:
             await asyncio.sleep(BUSY_RETRY_S)
@@ -107,35 +153,77 @@ async def seal_all(db: Database, grace_s: float = GRACE_S) -> int:
 
 
 class Sealer:
-    """Sealing passes every ``EVERY_S``, each run until nothing sealable is left."""
+    """Sealing passes every ``EVERY_S``, each run until nothing sealable is left; the newest
+    checkpoint published at most every ``PUBLISH_EVERY_S`` (and when it stops)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, key: SigningKey | None, checkpoint_file: Path | None) -> None:
         self._db = db
+        self._key = key
+        self._checkpoint_file = checkpoint_file
+        self._newest: Checkpoint | None = None
+        self._published_at = -math.inf
+        self._refusal_logged_at = -math.inf
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self._drain()
-            except Unavailable:
-                log.warning("audit sealing postponed: database unavailable")
-            except Exception:
-                log.exception("audit sealing pass failed; retrying on the next tick")
-            await asyncio.sleep(EVERY_S)
+        if self._key is None:
+            log.warning(
+                "audit checkpoints are unsigned: anyone who can write the database can rewrite "
+                "the audit chain unnoticed; set TOOLGATE_AUDIT_SIGNING_KEY "
+                "(toolgate audit keygen)"
+            )
+        try:
+            while True:
+                try:
+                    await self._drain()
+                except Unavailable:
+                    log.warning("audit sealing postponed: database unavailable")
+                except Exception:
+                    log.exception("audit sealing pass failed; retrying on the next tick")
+                self._publish(PUBLISH_EVERY_S)
+                await asyncio.sleep(EVERY_S)
+        finally:
+            self._publish(0.0)
 
     async def _drain(self) -> None:
         busy = 0
         while True:
-            result = await seal_pending(self._db)
+            result = await seal_pending(self._db, key=self._key)
+            self._newest = result.checkpoint or self._newest
+            if result.refused is not None:
+                self._refuse(result.refused)
+                return
             if result.busy and busy < BUSY_RETRIES:
                 busy += 1
                 await asyncio.sleep(BUSY_RETRY_S)
             elif not result.more:
                 return
 
+    def _refuse(self, reason: str) -> None:
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= REFUSAL_LOG_EVERY_S:
+            self._refusal_logged_at = now
+            log.error("audit sealing refused: %s; rows stay unsealed", reason)
 
-def start(db: Database) -> asyncio.Task[None]:
+    def _publish(self, every_s: float) -> None:
+        """Publish the newest checkpoint outside the database: a log line and, when
+        configured, a line appended to the checkpoint file."""
+        checkpoint, now = self._newest, time.monotonic()
+        if checkpoint is None or now - self._published_at < every_s:
+            return
+        self._newest, self._published_at = None, now
+        log.info("audit checkpoint", extra={"fields": checkpoint.as_dict()})
+        if self._checkpoint_file is not None:
+            try:
+                with self._checkpoint_file.open("ab") as out:
+                    out.write(checkpoints.record(checkpoint))
+            except OSError as exc:
+                log.error("audit checkpoint not written to %s: %s", self._checkpoint_file, exc)
+
+
+def start(db: Database, settings: Settings) -> asyncio.Task[None]:
     """Seal in a task of the running loop (an app not run by ``toolgate serve``)."""
-    return asyncio.create_task(Sealer(db).run())
+    sealer = Sealer(db, checkpoints.signing_key(settings), settings.audit_checkpoint_file)
+    return asyncio.create_task(sealer.run())
 
 
 def spawn() -> subprocess.Popen[bytes]:
@@ -150,16 +238,17 @@ def main(parent: int) -> None:
     import uvloop
 
     from app.logs import log_config
-    from app.settings import Settings
 
     logging.config.dictConfig(log_config())
     try:
-        uvloop.run(_seal_while_alive(Settings.from_env().check_database(), parent))
+        uvloop.run(_seal_while_alive(Settings.from_env(), parent))
+    except ConfigError as exc:
+        log.error("audit sealer not started: %s", exc)
     finally:
         logging.shutdown()
 
 
-async def _seal_while_alive(database_url: str, parent: int) -> None:
+async def _seal_while_alive(settings: Settings, parent: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -168,7 +257,7 @@ async def _seal_while_alive(database_url: str, parent: int) -> None:
     def running() -> bool:
         return not stop.is_set() and os.getppid() == parent
 
-    db = Database(database_url)
+    db = Database(settings.check_database())
     while running():
         try:
             await db.open(min_size=1, max_size=1)
@@ -178,7 +267,11 @@ async def _seal_while_alive(database_url: str, parent: int) -> None:
             await asyncio.sleep(1.0)
     else:
         return
-    sealer = start(db)
+    try:
+        sealer = start(db, settings)
+    except ConfigError:
+        await db.close()
+        raise
     try:
         while running():
             with contextlib.suppress(TimeoutError):

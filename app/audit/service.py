@@ -8,14 +8,15 @@ it names a broken row by seq and reason only, never by its contents.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from app import cursors
-from app.audit import chain, sealer, store
+from app.audit import chain, checkpoints, sealer, store
+from app.audit.checkpoints import Exported, PublicKey, SigningKey
 from app.audit.models import AuditFilter, AuditRow, VerifyReport
 from app.auth.principal import Principal
 from app.db import Database
@@ -25,6 +26,9 @@ from app.state import AppState
 
 EXPORT_PAGE = 500
 VERIFY_PAGE = 1000
+STALL_S = 60.0
+"""A row unsealed this long after its insert is stalled: the sealer, every 0.2 s, passes a
+missing seq after 5 s, so only a pass that keeps failing or refusing leaves one this old."""
 
 
 def readable(settings: Settings, principal: Principal, where: AuditFilter) -> AuditFilter:
@@ -89,14 +93,23 @@ async def _lines(db: Database, where: AuditFilter, rows: list[AuditRow]) -> Asyn
 
 async def verify_for(state: AppState, principal: Principal) -> VerifyReport:
     readable(state.settings, principal, AuditFilter())
-    return await verify(state.db)
+    key = checkpoints.signing_key(state.settings)
+    return await verify(state.db, key.public if key else None)
 
 
-async def verify(db: Database) -> VerifyReport:
-    """Recompute the chain in sealing order from one snapshot; name the first broken row."""
+async def verify(
+    db: Database, public: PublicKey | None = None, exported: Sequence[Exported] = ()
+) -> VerifyReport:
+    """Recompute the chain in sealing order from one snapshot and name the first thing that
+    does not hold: a broken row, a chain cut short, a head not signed by ``public``'s key,
+    sealed and skipped seqs that do not add up, or a published checkpoint (``exported``)
+    the chain no longer matches. Rows left unsealed for ``STALL_S`` make it not ok too:
+    sealing has stopped."""
     async with db.connection() as conn, store.snapshot(conn):
         unsealed = await store.unsealed_count(conn)
-        head = await store.head(conn)
+        stalled = await store.stalled_count(conn, STALL_S)
+        current = await store.head(conn)
+        head = current.head if current else None
         skipped = await store.skipped_count(conn)
         end = head.chain_pos if head else 0
         walk = chain.Walk()
@@ -105,23 +118,39 @@ async def verify(db: Database) -> VerifyReport:
             if not rows:
                 break
             walk = await asyncio.to_thread(chain.check, walk, rows, end)
-    broken = walk.broken or chain.check_end(walk, head)
+        beyond, uncovered = await store.unaccounted(conn, head)
+        positions = sorted({published.chain_pos for _, published in exported})
+        hashes = await store.hashes_at(conn, positions) if positions else {}
+    broken = (
+        walk.broken
+        or chain.check_end(walk, head)
+        or checkpoints.head_problem(current, public)
+        or chain.check_accounts(head, beyond, uncovered)
+        or checkpoints.compare(exported, head, hashes, public)
+    )
     return VerifyReport(
-        ok=broken is None,
+        ok=broken is None and stalled == 0,
         checked=walk.checked,
         sealed_through=head.sealed_through if head else 0,
         unsealed=unsealed,
         skipped=skipped,
         first_broken=broken,
+        stalled=stalled,
+        signed=bool(public and current and public.vouches_for(current)),
+        key_id=current.key_id if current else None,
+        exported=len(exported),
     )
 
 
-async def seal_and_verify(url: str) -> VerifyReport:
-    """For ``toolgate audit verify``: seal what can be sealed now, then verify."""
+async def seal_and_verify(
+    url: str, key: SigningKey | None, public: PublicKey | None, exported: Sequence[Exported]
+) -> VerifyReport:
+    """For ``toolgate audit verify``: seal what can be sealed now (with ``key``), then
+    verify against ``public`` and the published checkpoints."""
     db = Database(url)
     await db.open(min_size=1, max_size=2)
     try:
-        await sealer.seal_all(db)
-        return await verify(db)
+        await sealer.seal_all(db, key=key)
+        return await verify(db, public, exported)
     finally:
         await db.close()

@@ -9,7 +9,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, cast
 
-from app.audit.models import AuditFilter, AuditRow, ChainHead, Gap, Seal
+from app.audit.chain import rfc3339
+from app.audit.models import AuditFilter, AuditRow, ChainHead, Checkpoint, Gap, Seal
 from app.db import Connection, Insert, Record
 
 
@@ -137,14 +138,31 @@ async def unsealed_count(conn: Connection) -> int:
     return int(await conn.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL"))
 
 
+async def stalled_count(conn: Connection, older_than_s: float) -> int:
+    """Unsealed rows inserted more than ``older_than_s`` ago."""
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM audit_events"
+            " WHERE hash IS NULL AND at < clock_timestamp() - make_interval(secs => $1)",
+            older_than_s,
+        )
+    )
+
+
 async def database_now(conn: Connection) -> datetime:
     """The database's clock, the one ``audit_events.at`` is stamped with."""
     return cast(datetime, await conn.fetchval("SELECT clock_timestamp()"))
 
 
-async def head(conn: Connection) -> ChainHead | None:
-    row = await conn.fetchrow("SELECT chain_pos, hash, sealed_through FROM audit_chain")
-    return ChainHead(**dict(row)) if row else None
+async def head(conn: Connection) -> Checkpoint | None:
+    """The chain head as its latest checkpoint."""
+    row = await conn.fetchrow(
+        "SELECT chain_pos, hash, sealed_through, updated_at, key_id, signature FROM audit_chain"
+    )
+    if row is None:
+        return None
+    chain_pos, hash_, sealed_through, at, key_id, signature = row
+    return Checkpoint(chain_pos, hash_, sealed_through, rfc3339(at), key_id, signature)
 
 
 async def seal(conn: Connection, seals: Sequence[Seal]) -> None:
@@ -174,16 +192,21 @@ async def record_gaps(conn: Connection, gaps: Sequence[Gap]) -> None:
     )
 
 
-async def save_head(conn: Connection, new: ChainHead) -> None:
+async def save_head(conn: Connection, new: Checkpoint) -> None:
     await conn.execute(
         """
-        INSERT INTO audit_chain (id, chain_pos, hash, sealed_through) VALUES (true, $1, $2, $3)
+        INSERT INTO audit_chain (id, chain_pos, hash, sealed_through, updated_at, key_id,
+            signature)
+        VALUES (true, $1, $2, $3, $4, $5, $6)
         ON CONFLICT (id) DO UPDATE SET chain_pos = $1, hash = $2, sealed_through = $3,
-            updated_at = now()
+            updated_at = $4, key_id = $5, signature = $6
         """,
         new.chain_pos,
         new.hash,
         new.sealed_through,
+        datetime.fromisoformat(new.at),
+        new.key_id,
+        new.signature,
     )
 
 
@@ -199,6 +222,35 @@ async def skipped_count(conn: Connection) -> int:
             """
         )
     )
+
+
+async def unaccounted(conn: Connection, head: ChainHead | None) -> tuple[int, int]:
+    """Rows carrying chain columns beyond ``head.chain_pos`` (sealed, yet not in the chain),
+    and seqs up to ``head.sealed_through`` neither sealed nor inside a recorded gap."""
+    chain_pos, sealed_through = (head.chain_pos, head.sealed_through) if head else (0, 0)
+    row = await conn.fetchrow(
+        """
+        SELECT
+            count(*) FILTER (WHERE chain_pos IS NOT NULL OR prev_hash IS NOT NULL
+                OR hash IS NOT NULL OR sealed_at IS NOT NULL),
+            count(*) FILTER (WHERE hash IS NOT NULL AND seq BETWEEN 1 AND $1 AND NOT EXISTS (
+                SELECT 1 FROM audit_gaps g WHERE a.seq BETWEEN g.first_seq AND g.last_seq)),
+            (SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM audit_gaps
+                WHERE first_seq >= 1 AND last_seq <= $1)
+        FROM audit_events a
+        """,
+        sealed_through,
+    )
+    sealed, sealed_outside_gaps, gap_seqs = row
+    return sealed - chain_pos, sealed_through - sealed_outside_gaps - int(gap_seqs)
+
+
+async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str]:
+    rows = await conn.fetch(
+        "SELECT chain_pos, hash FROM audit_events WHERE chain_pos = ANY($1::bigint[])",
+        list(positions),
+    )
+    return {r["chain_pos"]: r["hash"] for r in rows}
 
 
 async def chain_page(conn: Connection, after_pos: int, limit: int) -> list[AuditRow]:
