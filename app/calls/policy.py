@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import rfc8785
 
+from app import recordable
 from app.auth.principal import Principal
 from app.canonical import digest
 from app.catalog.models import Impact, Resource, Tool
@@ -80,11 +81,15 @@ def fingerprint(tool: str, target: Target | None, arguments: Mapping[str, Any]) 
 
 
 def prepare(tool: Tool, raw: Any) -> PreparedCall:
-    """Validate arguments against the tool's schema, filling defaults; raise on any error."""
+    """Validate arguments against the tool's schema, filling defaults; raise on any error.
+    Arguments that cannot be stored or canonicalized (``recordable``) are refused first."""
     if not isinstance(raw, dict):
         raise InvalidArguments(
             "arguments must be a JSON object", errors=[{"path": "", "message": "not an object"}]
         )
+    unfit = recordable.problems(raw)
+    if unfit:
+        raise InvalidArguments("arguments hold values that cannot be recorded", errors=unfit)
     arguments = _with_defaults(tool.parameters, copy.deepcopy(raw))
     errors = [
         {"path": "/" + "/".join(str(p) for p in e.instance_path), "message": e.message}

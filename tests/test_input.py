@@ -1,0 +1,154 @@
+"""Input that PostgreSQL, asyncpg's jsonb codec or RFC 8785 cannot take: refused as a problem
+and, where there is a call to record it under, recorded in a form that can be read back.
+
+NUL and lone surrogates in texts, integers beyond ±(2**53-1), JSON's non-finite number tokens,
+in every place a request can carry them: arguments, tool names, body fields, path ids, query
+parameters and pagination cursors. (Token claims: ``test_auth``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+Auth = Callable[..., dict[str, str]]
+JSON = {"content-type": "application/json"}
+HUGE = "9" * 400
+
+
+def admin(auth: Auth) -> dict[str, str]:
+    return auth(sub="root", roles="admin")
+
+
+async def post(client: httpx.AsyncClient, path: str, text: str, headers: dict[str, str]) -> Any:
+    """A body sent as this exact JSON text (tokens such as ``NaN`` included)."""
+    return await client.post(path, content=text.encode(), headers={**headers, **JSON})
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body: dict[str, Any] = response.json()
+    assert body["code"] == code
+    return body
+
+
+async def sealed(db: asyncpg.Connection) -> None:
+    """Wait until the test app's audit sealer has chained every row."""
+    deadline = time.monotonic() + 5
+    while await db.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL"):
+        assert time.monotonic() < deadline, "the sealer did not seal the rows"
+        await asyncio.sleep(0.05)
+
+
+async def assert_readable(client: httpx.AsyncClient, auth: Auth, call_id: str) -> None:
+    """The stored call reads back everywhere it is shown."""
+    for path in (f"/calls/{call_id}", "/audit", "/audit/export"):
+        response = await client.get(path, params={"call_id": call_id}, headers=admin(auth))
+        assert response.status_code == 200, (path, response.text)
+        assert call_id in response.text
+
+
+# --- arguments: refused as invalid_arguments, recorded --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argument", "recorded"),
+    [
+        (HUGE, HUGE),
+        ("-" + HUGE, "-" + HUGE),
+        (str(2**53), str(2**53)),
+        (str(-(2**64)), str(-(2**64))),
+        ('"a\\u0000b"', "a\\u0000b"),
+        ('["x", {"k": "\\u0000"}]', ["x", {"k": "\\u0000"}]),
+    ],
+)
+async def test_an_argument_that_cannot_be_stored_is_refused_recorded_and_readable(
+    client: httpx.AsyncClient,
+    auth: Auth,
+    db: asyncpg.Connection,
+    argument: str,
+    recorded: Any,
+) -> None:
+    """Even for a token without roles: the schema check, and so this one, comes first."""
+    text = f'{{"tool":"get_order","arguments":{{"order_id":"ord_1","n":{argument}}}}}'
+    response = await post(client, "/propose", text, auth(roles=""))
+    body = assert_problem(response, 422, "invalid_arguments")
+    assert body["errors"]
+    assert all(error["path"].startswith("/n") for error in body["errors"])
+    call = await db.fetchrow("SELECT * FROM calls WHERE id = $1", body["call_id"])
+    assert (call["decision"], call["code"], call["arguments"]) == (
+        "deny",
+        "invalid_arguments",
+        None,
+    )
+    event = await db.fetchrow("SELECT * FROM audit_events WHERE call_id = $1", body["call_id"])
+    assert event["arguments"] == {"order_id": "ord_1", "n": recorded}
+    await sealed(db)
+    await assert_readable(client, auth, body["call_id"])
+    verified = await client.get("/audit/verify", headers=admin(auth))
+    assert verified.status_code == 200
+    assert verified.json()["ok"] is True, verified.text
+
+
+async def test_the_largest_safe_integers_are_not_refused_as_unrecordable(
+    client: httpx.AsyncClient, auth: Auth
+) -> None:
+    """±(2**53-1) fit: the refusal that follows is the schema's, as for any number here."""
+    for number in (2**53 - 1, -(2**53 - 1)):
+        text = f'{{"tool":"get_order","arguments":{{"order_id":"ord_1","n":{number}}}}}'
+        body = assert_problem(
+            await post(client, "/propose", text, auth()), 422, "invalid_arguments"
+        )
+        assert body["detail"] == "arguments do not match the tool's schema"
+
+
+async def test_a_nul_in_an_argument_key_is_refused_and_recorded_escaped(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection
+) -> None:
+    text = '{"tool":"create_ticket","arguments":{"subject":"s","body":"b","a\\u0000b":1}}'
+    body = assert_problem(await post(client, "/execute", text, auth()), 422, "invalid_arguments")
+    assert body["errors"] == [
+        {"path": "/a\\u0000b", "message": "a key with a NUL or a lone surrogate"}
+    ]
+    event = await db.fetchrow("SELECT * FROM audit_events WHERE call_id = $1", body["call_id"])
+    assert event["arguments"] == {"subject": "s", "body": "b", "a\\u0000b": 1}
+    await assert_readable(client, auth, body["call_id"])
+
+
+async def test_a_valid_call_with_a_nul_in_a_free_text_argument_is_refused_before_the_provider(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection, providers: Any
+) -> None:
+    """The schema would accept it; it would reach the provider and then fail to be stored."""
+    text = '{"tool":"create_ticket","arguments":{"subject":"s\\u0000","body":"b"}}'
+    response = await client.post(
+        "/execute",
+        content=text.encode(),
+        headers={**auth(), **JSON, "Idempotency-Key": "key-nul-in-subject-0001"},
+    )
+    body = assert_problem(response, 422, "invalid_arguments")
+    assert await db.fetchval("SELECT count(*) FROM executions") == 0
+    assert await providers.requests() == []
+    await assert_readable(client, auth, body["call_id"])
+
+
+# --- tool names: unknown_tool, recorded escaped ---------------------------------------------
+
+
+async def test_a_nul_in_a_tool_name_is_an_unknown_tool_recorded_escaped(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection
+) -> None:
+    text = '{"tool":"get\\u0000order","arguments":{"order_id":"ord_1"},"tool_call_id":"tc_1"}'
+    body = assert_problem(await post(client, "/propose", text, auth()), 404, "unknown_tool")
+    call = await db.fetchrow("SELECT * FROM calls WHERE id = $1", body["call_id"])
+    assert (call["tool"], call["tool_call_id"]) == ("get\\u0000order", "tc_1")
+    event = await db.fetchrow("SELECT * FROM audit_events WHERE call_id = $1", body["call_id"])
+    assert event["tool"] == "get\\u0000order"
+    assert event["arguments"] == {"order_id": "ord_1"}
+    await assert_readable(client, auth, body["call_id"])
