@@ -9,6 +9,7 @@ parameters and pagination cursors. (Token claims: ``test_auth``.)
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -152,3 +153,82 @@ async def test_a_nul_in_a_tool_name_is_an_unknown_tool_recorded_escaped(
     assert event["tool"] == "get\\u0000order"
     assert event["arguments"] == {"order_id": "ord_1"}
     await assert_readable(client, auth, body["call_id"])
+
+
+# --- bodies: non-finite numbers and unstorable fields are malformed requests ----------------
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1" + "0" * 400 + ".0"]
+
+
+@pytest.mark.parametrize("number", NON_FINITE)
+@pytest.mark.parametrize(
+    ("path", "template"),
+    [
+        (
+            "/propose",
+            '{"tool":"issue_refund","arguments":'
+            '{"order_id":"ord_1","amount":%s,"customer_id":"alice"}}',
+        ),
+        ("/execute", '{"tool":"get_order","arguments":{"order_id":"ord_1","x":[%s]}}'),
+        ("/runs", '{"limits":{"max_cost":%s}}'),
+        ("/approve", '{"call_id":"c","snapshot_hash":%s,"decision":"approve"}'),
+    ],
+)
+async def test_a_non_finite_number_anywhere_in_a_body_is_a_malformed_request(
+    client: httpx.AsyncClient,
+    auth: Auth,
+    db: asyncpg.Connection,
+    number: str,
+    path: str,
+    template: str,
+) -> None:
+    text = template % number
+    assert_problem(await post(client, path, text, auth()), 400, "invalid_request")
+    for table in ("calls", "audit_events", "runs"):
+        assert await db.fetchval(f"SELECT count(*) FROM {table}") == 0
+
+
+@pytest.fixture
+async def run_id(client: httpx.AsyncClient, auth: Auth) -> str:
+    response = await client.post("/runs", json={}, headers=auth())
+    return str(response.json()["run_id"])
+
+
+BODY_FIELDS = [
+    ("/propose", {"tool": "get_order", "arguments": {}}, "run_id"),
+    ("/propose", {"tool": "get_order", "arguments": {}}, "tool_call_id"),
+    ("/execute", {"tool": "get_order", "arguments": {}}, "call_id"),
+    ("/execute", {"tool": "get_order", "arguments": {}}, "approval_id"),
+    ("/execute", {"tool": "get_order", "arguments": {}}, "dry_run_id"),
+    ("/execute", {"tool": "get_order", "arguments": {}}, "run_id"),
+    ("/dry-run", {}, "call_id"),
+    ("/approve", {"call_id": "c", "snapshot_hash": None, "decision": "approve"}, "call_id"),
+    ("/approve", {"call_id": "c", "snapshot_hash": None, "decision": "approve"}, "snapshot_hash"),
+    ("/approve", {"call_id": "c", "snapshot_hash": None, "decision": "approve"}, "comment"),
+    ("/runs", {}, "task"),
+    ("/runs/{run}/finish", {"status": "completed"}, "reason"),
+]
+
+
+@pytest.mark.parametrize("text", ["a\x00b", "\ud800"])
+@pytest.mark.parametrize(("path", "body", "field"), BODY_FIELDS)
+async def test_an_id_or_text_field_that_cannot_be_stored_is_a_malformed_request(
+    client: httpx.AsyncClient,
+    auth: Auth,
+    db: asyncpg.Connection,
+    run_id: str,
+    text: str,
+    path: str,
+    body: dict[str, Any],
+    field: str,
+) -> None:
+    """Lone surrogates: the decision endpoints' parser refuses them as invalid JSON, the
+    others' as text that cannot be stored; both are malformed requests."""
+    document = json.dumps({**body, field: text})
+    response = await post(client, path.replace("{run}", run_id), document, auth())
+    problem = assert_problem(response, 400, "invalid_request")
+    if text == "a\x00b":
+        assert problem["errors"][0]["path"] == f"/{field}"
+    assert await db.fetchval("SELECT count(*) FROM calls") == 0
+    assert await db.fetchval("SELECT count(*) FROM runs") == 1
+    assert await db.fetchval("SELECT count(*) FROM runs WHERE status = 'active'") == 1
