@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from app import recordable
 from app.auth.principal import Principal
-from app.errors import InvalidRequest, ToolgateError, Unauthenticated
+from app.errors import InvalidRequest, NotFound, ToolgateError, Unauthenticated
 from app.state import AppState
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -66,6 +66,16 @@ def malformed(errors: Sequence[Any], skip: int) -> ToolgateError:
             for e in errors
         ],
     )
+
+
+async def plain_parameters(request: Request) -> None:
+    """Path and query parameters are looked up in PostgreSQL, whose text cannot hold NUL: a
+    path id with one names nothing (404), a query with one is malformed (400). URLs are
+    decoded with replacement characters, so NUL is the one thing that does not fit."""
+    if any("\x00" in value for value in request.path_params.values()):
+        raise NotFound("no such resource")
+    if any("\x00" in key + value for key, value in request.query_params.multi_items()):
+        raise InvalidRequest("a query parameter holds a NUL character")
 
 
 State = Annotated[AppState, Depends(get_state)]

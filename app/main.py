@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
@@ -31,7 +31,7 @@ from app.calls.gateway import Gateway
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
-from app.deps import malformed
+from app.deps import malformed, plain_parameters
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.outbound import Outbound
@@ -222,6 +222,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
         lifespan=lifespan,
         openapi_url=None,
         telemetry=telemetry.FASTAPI_OFF,
+        dependencies=[Depends(plain_parameters)],
     )
     app.state.settings = settings
     app.state.seal_in_lifespan = sealer

@@ -9,6 +9,7 @@ parameters and pagination cursors. (Token claims: ``test_auth``.)
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+
+from tests.flows import Flow, refund_args
 
 Auth = Callable[..., dict[str, str]]
 JSON = {"content-type": "application/json"}
@@ -232,3 +235,108 @@ async def test_an_id_or_text_field_that_cannot_be_stored_is_a_malformed_request(
     assert await db.fetchval("SELECT count(*) FROM calls") == 0
     assert await db.fetchval("SELECT count(*) FROM runs") == 1
     assert await db.fetchval("SELECT count(*) FROM runs WHERE status = 'active'") == 1
+
+
+# --- path ids, query parameters, cursors ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/calls/call%00"),
+        ("GET", "/runs/%00"),
+        ("POST", "/runs/run_%00x/finish"),
+    ],
+)
+async def test_a_nul_in_a_path_id_names_nothing(
+    client: httpx.AsyncClient, auth: Auth, method: str, path: str
+) -> None:
+    response = await client.request(method, path, json={"status": "completed"}, headers=auth())
+    assert_problem(response, 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/audit?actor=a%00",
+        "/audit?call_id=%00",
+        "/audit/export?tool=%00",
+        "/approvals?cursor=%00",
+        "/approvals?status=pending&x%00=1",
+        "/catalog?format=%00",
+    ],
+)
+async def test_a_nul_in_a_query_parameter_is_a_malformed_request(
+    client: httpx.AsyncClient, auth: Auth, path: str
+) -> None:
+    assert_problem(await client.get(path, headers=admin(auth)), 400, "invalid_request")
+
+
+def cursor(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+MALFORMED_CURSORS = {
+    "not_base64": "%%%",
+    "not_json": cursor("not json"),
+    "an_object": cursor('{"a": 1}'),
+    "a_bare_string": cursor('"x"'),
+    "too_few_values": cursor("[]"),
+    "a_null": cursor("[null]"),
+    "a_bool": cursor("[true]"),
+    "a_float": cursor("[1.5]"),
+    "a_negative_number": cursor("[-1]"),
+    "beyond_64_bits": cursor(f"[{2**64}]"),
+    "a_huge_number": cursor(f"[{HUGE}]"),
+    "digits_as_text": cursor('["99999999999999999999999"]'),
+    "non_ascii_digits": cursor('["\\u00b2"]'),
+    "a_nul": cursor('["\\u0000"]'),
+    "a_nested_list": cursor("[[1]]"),
+}
+MALFORMED_INBOX_CURSORS = {
+    "not_a_timestamp": cursor('["not a time", "call_x"]'),
+    "a_timestamp_without_offset": cursor('["2026-01-01T00:00:00", "call_x"]'),
+    "an_id_that_is_a_number": cursor('["2026-01-01T00:00:00+00:00", 5.5]'),
+    "a_nul_in_the_id": cursor('["2026-01-01T00:00:00+00:00", "a\\u0000"]'),
+    "three_values": cursor('["2026-01-01T00:00:00+00:00", "call_x", "y"]'),
+}
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED_CURSORS))
+async def test_a_malformed_audit_cursor_is_a_malformed_request(
+    client: httpx.AsyncClient, auth: Auth, kind: str
+) -> None:
+    for path in ("/audit", "/audit/export"):
+        response = await client.get(
+            path, params={"cursor": MALFORMED_CURSORS[kind]}, headers=admin(auth)
+        )
+        assert assert_problem(response, 400, "invalid_request")["detail"] == "malformed cursor"
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED_CURSORS) + list(MALFORMED_INBOX_CURSORS))
+async def test_a_malformed_inbox_cursor_is_a_malformed_request(
+    client: httpx.AsyncClient, auth: Auth, kind: str
+) -> None:
+    value = {**MALFORMED_CURSORS, **MALFORMED_INBOX_CURSORS}[kind]
+    response = await client.get(
+        "/approvals",
+        params={"cursor": value},
+        headers=auth(sub="bob", roles="finance_approver"),
+    )
+    assert assert_problem(response, 400, "invalid_request")["detail"] == "malformed cursor"
+
+
+async def test_the_inbox_pages_on_with_the_cursor_it_gave(
+    client: httpx.AsyncClient, auth: Auth
+) -> None:
+    """The strict cursor still takes what the inbox writes (a page is 50 requests)."""
+    flow = Flow(client, auth)
+    for _ in range(51):
+        proposal = await flow.propose("issue_refund", refund_args(150.0))
+        await flow.dry_run(proposal["call_id"])
+    bob = auth(sub="bob", roles="finance_approver")
+    first = (await client.get("/approvals", headers=bob)).json()
+    assert len(first["items"]) == 50
+    response = await client.get("/approvals", params={"cursor": first["next_cursor"]}, headers=bob)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["items"]) == 1
