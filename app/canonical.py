@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 import rfc8785
 
-_SAFE_INT = 2**53 - 1
+SAFE_INTEGER = 2**53 - 1
+"""I-JSON: beyond this, parsers that read numbers as doubles see another number."""
 
 
 class _Unusual(Exception):
@@ -39,7 +40,7 @@ def _prepared(value: Any) -> Any:
         return prepared
     if kind is list:
         return [_prepared(inner) for inner in value]
-    if kind is int and -_SAFE_INT <= value <= _SAFE_INT:
+    if kind is int and -SAFE_INTEGER <= value <= SAFE_INTEGER:
         return value
     if kind is float:
         return orjson.Fragment(_number(value))

@@ -162,6 +162,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
     from app.errors import Unavailable
     from app.logs import log_config
     from app.main import close_state, open_state
+    from app.protocol import LimitedHttpToolsProtocol
 
     async def preflight() -> None:
         await close_state(await open_state(settings))
@@ -182,7 +183,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
             port=port,
             workers=workers,
             loop="uvloop",
-            http="httptools",
+            http=LimitedHttpToolsProtocol,
             log_level="info",
             log_config=log_config(),
             access_log=False,  # one JSON line per decision and outcome says more, for less

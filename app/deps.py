@@ -14,11 +14,12 @@ from typing import Annotated, Any, TypeVar, cast
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 
+from app import recordable
 from app.auth.principal import Principal
-from app.errors import InvalidRequest, ToolgateError, Unauthenticated
+from app.errors import InvalidRequest, NotFound, ToolgateError, Unauthenticated
 from app.state import AppState
 
-Body = TypeVar("Body", bound=BaseModel)
+Model = TypeVar("Model", bound=BaseModel)
 
 
 def state_of(request: Request) -> AppState:
@@ -37,10 +38,10 @@ async def authenticate(request: Request) -> Principal:
     return await state_of(request).verifier.verify(token.strip())
 
 
-async def read_body(request: Request, model: type[Body]) -> Body:
-    """The JSON body as ``model``, validated by pydantic-core straight from the bytes. As
-    FastAPI's strict content type: a body not declared ``application/json`` (or ``+json``)
-    is refused, not guessed at."""
+async def read_body(request: Request, model: type[Model]) -> Model:
+    """The JSON body as ``model`` (an ``app.bodies.Body``), validated by pydantic-core straight
+    from the bytes. As FastAPI's strict content type: a body not declared ``application/json``
+    (or ``+json``) is refused, not guessed at."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "application/json" and not (
         media_type.startswith("application/") and media_type.endswith("+json")
@@ -58,10 +59,23 @@ def malformed(errors: Sequence[Any], skip: int) -> ToolgateError:
     return InvalidRequest(
         "the request body is malformed",
         errors=[
-            {"path": "/" + "/".join(str(p) for p in e["loc"][skip:]), "message": e["msg"]}
+            {
+                "path": "/" + "/".join(recordable.text(str(p)) for p in e["loc"][skip:]),
+                "message": e["msg"],
+            }
             for e in errors
         ],
     )
+
+
+async def plain_parameters(request: Request) -> None:
+    """Path and query parameters are looked up in PostgreSQL, whose text cannot hold NUL: a
+    path id with one names nothing (404), a query with one is malformed (400). URLs are
+    decoded with replacement characters, so NUL is the one thing that does not fit."""
+    if any("\x00" in value for value in request.path_params.values()):
+        raise NotFound("no such resource")
+    if any("\x00" in key + value for key, value in request.query_params.multi_items()):
+        raise InvalidRequest("a query parameter holds a NUL character")
 
 
 State = Annotated[AppState, Depends(get_state)]

@@ -40,6 +40,7 @@ def _error(status: int, code: str, title: str) -> type[ToolgateError]:
 
 InvalidRequest = _error(400, "invalid_request", "Invalid request")
 ContentTooLarge = _error(413, "invalid_request", "Request body too large")
+HeadersTooLarge = _error(431, "invalid_request", "Request header fields too large")
 IdempotencyKeyMissing = _error(400, "idempotency_key_missing", "Idempotency-Key required")
 IdempotencyKeyInvalid = _error(400, "idempotency_key_invalid", "Idempotency-Key malformed")
 Unauthenticated = _error(401, "unauthenticated", "Authentication required")

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
@@ -32,7 +32,7 @@ from app.calls.gateway import Gateway
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
-from app.deps import malformed
+from app.deps import malformed, plain_parameters
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.outbound import Outbound
@@ -177,8 +177,9 @@ class DecisionLane:
     nothing in FastAPI's stack (error and body-limit middleware, exception middleware, exit
     stacks, nested router matching) does anything for them but cost a read ~50 us. The one
     exception they raise on purpose, ``ToolgateError``, becomes its problem response here as
-    it does in the app's handler; anything else propagates to the server as a 500. Other
-    requests, and other methods on these paths (405), go through FastAPI unchanged.
+    it does in the app's handler; anything else is answered ``unexpected()`` and propagates
+    to the server, which logs it. Other requests, and other methods on these paths (405),
+    go through FastAPI unchanged.
     """
 
     def __init__(self, routes: list[Route], app: ASGIApp) -> None:
@@ -195,7 +196,18 @@ class DecisionLane:
             response = await route.endpoint(Request(scope, receive, send))
         except ToolgateError as error:
             response = problem(error)
+        except Exception:
+            # As Starlette's ServerErrorMiddleware does for the other routes (with
+            # ``unexpected``): answer a problem, then let the server log the exception.
+            await unexpected()(scope, receive, send)
+            raise
         await response(scope, receive, send)
+
+
+def unexpected() -> JSON:
+    """The answer to an exception nothing expected: a 500 problem, never a plain-text body,
+    and nothing of the exception in it."""
+    return problem(ToolgateError("an unexpected error occurred; it has been logged"))
 
 
 class Toolgate(FastAPI):
@@ -226,6 +238,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
         lifespan=lifespan,
         openapi_url=None,
         telemetry=telemetry.FASTAPI_OFF,
+        dependencies=[Depends(plain_parameters)],
     )
     app.state.settings = settings
     app.state.seal_in_lifespan = sealer
@@ -246,6 +259,10 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def on_invalid_body(request: Request, error: RequestValidationError) -> Any:
         return problem(malformed(error.errors(), skip=1))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, error: Exception) -> Any:
+        return unexpected()
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, error: HTTPException) -> Any:

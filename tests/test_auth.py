@@ -154,6 +154,13 @@ BAD_AUTHORIZATIONS: dict[str, Callable[[], str | None]] = {
     "roles_a_number": lambda: "Bearer " + hs256(claims(roles=7)),
     "roles_an_object": lambda: "Bearer " + hs256(claims(roles={"support": True})),
     "roles_a_list_of_numbers": lambda: "Bearer " + hs256(claims(roles=[1, 2])),
+    "nul_in_sub": lambda: "Bearer " + hs256(claims(sub="ali\x00ce")),
+    "control_character_in_sub": lambda: "Bearer " + hs256(claims(sub="alice\n")),
+    "lone_surrogate_in_sub": lambda: "Bearer " + hs256(claims(sub="alice\ud800")),
+    "nul_in_tenant_claim": lambda: "Bearer " + hs256(claims(tid="acme\x00")),
+    "c1_control_in_tenant_claim": lambda: "Bearer " + hs256(claims(tid="ac\x85me")),
+    "nul_in_a_role": lambda: "Bearer " + hs256(claims(roles=["support\x00"])),
+    "empty_role": lambda: "Bearer " + hs256(claims(roles=[""])),
 }
 
 

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.bodies import Body, Text
 
 BINDING_FIELDS = (
     "actor",
@@ -19,13 +21,11 @@ BINDING_FIELDS = (
 )
 
 
-class ApproveBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    call_id: str = Field(min_length=1, max_length=200)
-    snapshot_hash: str | None = Field(max_length=200)
+class ApproveBody(Body):
+    call_id: Text = Field(min_length=1, max_length=200)
+    snapshot_hash: Text | None = Field(max_length=200)
     decision: Literal["approve", "reject"]
-    comment: str | None = Field(default=None, max_length=2000)
+    comment: Text | None = Field(default=None, max_length=2000)
 
 
 @dataclass(frozen=True)

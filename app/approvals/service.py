@@ -206,7 +206,7 @@ async def inbox(
     before = None
     if cursor:
         stamp, call_id = cursors.decode(cursor, 2)
-        before = (datetime.fromisoformat(stamp), call_id)
+        before = (cursors.instant(stamp), call_id)
     async with state.db.connection() as conn:
         rows = await store.inbox(conn, principal.tenant, status, before, PAGE_SIZE)
     items = []

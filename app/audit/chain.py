@@ -19,10 +19,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.audit.models import AuditRow, Broken, ChainHead, Gap, Seal
-from app.canonical import digest
+from app.canonical import SAFE_INTEGER, digest
 
 GENESIS = "sha256:" + "0" * 64
-_SAFE_INT = 2**53 - 1
 
 
 def rfc3339(at: datetime) -> str:
@@ -96,7 +95,7 @@ def _expressible(value: Any, depth: int) -> Any:
         return [_expressible(inner, depth - 1) for inner in value]
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
-    if isinstance(value, int) and abs(value) > _SAFE_INT:
+    if isinstance(value, int) and abs(value) > SAFE_INTEGER:
         as_float = float(value) if value.bit_length() < 1024 else math.inf
         return as_float if math.isfinite(as_float) else str(value)
     if isinstance(value, float) and not math.isfinite(value):

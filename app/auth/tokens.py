@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+import unicodedata
+from typing import Any, TypeGuard
 
 import jwt
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
@@ -148,16 +149,25 @@ class TokenVerifier:
         if isinstance(roles, str):
             roles = roles.split()
         if (
-            not isinstance(sub, str)
-            or not sub
-            or not isinstance(tenant, str)
-            or not tenant
+            not identifier(sub)
+            or not identifier(tenant)
             or not isinstance(roles, list)
-            or not all(isinstance(r, str) for r in roles)
+            or not all(identifier(r) for r in roles)
         ):
             raise Unauthenticated("token claims are malformed")
         sid = claims.get("sid")
-        return Principal(sub, tenant, frozenset(roles), sid if isinstance(sid, str) else None)
+        return Principal(sub, tenant, frozenset(roles), sid if identifier(sid) else None)
+
+
+def identifier(claim: Any) -> TypeGuard[str]:
+    """A claim fit to name someone: a non-empty string without control characters or lone
+    surrogates. Identity is stored with every decision and compared everywhere; a NUL or a
+    control character in it could be neither stored nor shown safely."""
+    if not isinstance(claim, str) or not claim:
+        return False
+    if claim.isascii():
+        return claim.isprintable()
+    return not any(unicodedata.category(c) in ("Cc", "Cs") for c in claim)
 
 
 def mint(settings: Settings, sub: str, tenant: str, roles: list[str], ttl_s: int) -> str:

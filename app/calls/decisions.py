@@ -11,7 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from app import telemetry
+from app import recordable, telemetry
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import egress, policy, store
@@ -42,6 +42,11 @@ class Attempt:
     tool: Tool | None = None
     call: PreparedCall | None = None
 
+    def recorded_tool(self) -> str:
+        """The tool name as stored: a catalog name, or the requested one in ``recorded``
+        form (an unknown tool's name is raw input)."""
+        return self.tool.name if self.tool else recordable.text(self.tool_name)
+
     def authorized_by(self) -> dict[str, Any]:
         return {
             "kind": "policy",
@@ -63,7 +68,7 @@ class Attempt:
             id=call_id,
             tenant=self.principal.tenant,
             actor=self.principal.sub,
-            tool=self.tool_name,
+            tool=self.recorded_tool(),
             run_id=self.run_id,
             tool_call_id=self.tool_call_id,
             arguments=call.arguments if call else None,
@@ -84,14 +89,14 @@ class Attempt:
 
     def event(self, event: str, call_id: str, **fields: Any) -> AuditEvent:
         call, tool = self.call, self.tool
-        arguments = call.arguments if call else self.raw_arguments
+        arguments = call.arguments if call else recordable.recorded(self.raw_arguments)
         return AuditEvent(
             event=event,
             tenant=self.principal.tenant,
             actor=self.principal.sub,
             call_id=call_id,
             run_id=self.run_id,
-            tool=self.tool_name,
+            tool=self.recorded_tool(),
             target=call.target.as_dict() if call and call.target else None,
             fingerprint=call.fingerprint if call else None,
             arguments=mask_arguments(arguments, tool.sensitive_args if tool else ()),

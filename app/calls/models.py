@@ -6,27 +6,26 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.bodies import Body, JsonObject, Text
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ProposeBody(_Body):
+class ProposeBody(Body):
     tool: str = Field(min_length=1, max_length=200)
-    arguments: dict[str, Any]
-    run_id: str | None = Field(default=None, max_length=200)
-    tool_call_id: str | None = Field(default=None, max_length=200)
+    """Not ``Text``: a name that cannot be stored is an unknown tool, recorded as such."""
+    arguments: JsonObject
+    run_id: Text | None = Field(default=None, max_length=200)
+    tool_call_id: Text | None = Field(default=None, max_length=200)
 
 
-class ExecuteBody(_Body):
+class ExecuteBody(Body):
     tool: str = Field(min_length=1, max_length=200)
-    arguments: dict[str, Any]
-    approval_id: str | None = Field(default=None, max_length=200)
-    dry_run_id: str | None = Field(default=None, max_length=200)
-    call_id: str | None = Field(default=None, max_length=200)
-    run_id: str | None = Field(default=None, max_length=200)
+    arguments: JsonObject
+    approval_id: Text | None = Field(default=None, max_length=200)
+    dry_run_id: Text | None = Field(default=None, max_length=200)
+    call_id: Text | None = Field(default=None, max_length=200)
+    run_id: Text | None = Field(default=None, max_length=200)
 
 
 # A call's life (``calls.state``): proposed → previewed | awaiting_approval → approved |
@@ -71,8 +70,8 @@ class CallRow:
         return {"type": self.target_type, "id": self.target_id}
 
 
-class DryRunBody(_Body):
-    call_id: str = Field(min_length=1, max_length=200)
+class DryRunBody(Body):
+    call_id: Text = Field(min_length=1, max_length=200)
 
 
 @dataclass(frozen=True)

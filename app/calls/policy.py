@@ -17,8 +17,9 @@ from typing import Any, Literal
 import orjson
 import rfc8785
 
+from app import recordable
 from app.auth.principal import Principal
-from app.canonical import digest
+from app.canonical import SAFE_INTEGER, digest
 from app.catalog.models import Impact, Resource, Tool
 from app.errors import IdentitySpoof, InvalidArguments, ToolForbidden
 
@@ -82,11 +83,15 @@ def fingerprint(tool: str, target: Target | None, arguments: Mapping[str, Any]) 
 
 
 def prepare(tool: Tool, raw: Any) -> PreparedCall:
-    """Validate arguments against the tool's schema, filling defaults; raise on any error."""
+    """Validate arguments against the tool's schema, filling defaults; raise on any error.
+    Arguments that cannot be stored or canonicalized (``recordable``) are refused first."""
     if not isinstance(raw, dict):
         raise InvalidArguments(
             "arguments must be a JSON object", errors=[{"path": "", "message": "not an object"}]
         )
+    unfit = recordable.problems(raw)
+    if unfit:
+        raise InvalidArguments("arguments hold values that cannot be recorded", errors=unfit)
     arguments = _with_defaults(tool.parameters, copy.deepcopy(raw))
     errors = [
         {"path": "/" + "/".join(str(p) for p in e.instance_path), "message": e.message}
@@ -113,10 +118,6 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
     )
 
 
-MAX_INTEGER_ID = 2**53 - 1
-"""Beyond this, JSON parsers that read numbers as doubles would name another record."""
-
-
 def _resource_ids(
     tool: Tool, arguments: Mapping[str, Any]
 ) -> tuple[tuple[str, Resource, str], ...]:
@@ -133,7 +134,7 @@ def _resource_ids(
         value = arguments[arg]
         if isinstance(value, str):
             resources.append((arg, resource, value))
-        elif type(value) is int and abs(value) <= MAX_INTEGER_ID:
+        elif type(value) is int and abs(value) <= SAFE_INTEGER:
             resources.append((arg, resource, str(value)))
         else:
             errors.append(

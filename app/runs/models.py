@@ -6,15 +6,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from app.bodies import Body, Text
 
 FINISHED = ("completed", "needs_clarification", "handed_off", "failed")
 
 
-class Limits(BaseModel):
+class Limits(Body):
     """Requested limits; each is capped by the server maximum, which it can never raise."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_calls: int | None = Field(default=None, ge=1)
     max_seconds: int | None = Field(default=None, ge=1)
@@ -32,18 +32,14 @@ SERVER_MAXIMA = {
 }
 
 
-class RunBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    task: str | None = Field(default=None, max_length=2000)
+class RunBody(Body):
+    task: Text | None = Field(default=None, max_length=2000)
     limits: Limits = Field(default_factory=Limits)
 
 
-class FinishBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class FinishBody(Body):
     status: Literal["completed", "needs_clarification", "handed_off", "failed"]
-    reason: str | None = Field(default=None, max_length=2000)
+    reason: Text | None = Field(default=None, max_length=2000)
 
 
 @dataclass(frozen=True)

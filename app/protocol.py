@@ -1,0 +1,89 @@
+"""The HTTP/1.1 protocol ``toolgate serve`` runs: uvicorn's httptools protocol with a cap on
+the request head.
+
+httptools keeps the request line and headers in memory without bound, and a header that
+arrives in pieces is copied whole for every piece, before the app (and so authentication)
+sees anything: one client could make a worker hold and copy many megabytes. Here the head
+(request line and headers) may be at most ``MAX_HEAD_BYTES``; a longer one is answered 431
+as a problem (``invalid_request``) and the connection closed, after reading at most that
+much plus one network read. Bodies are limited in the app (``main.BodyLimit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from app.errors import HeadersTooLarge
+
+MAX_HEAD_BYTES = 64 * 1024
+LINGER_S = 1.0
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing; uvicorn then answers through
+    ``send_400_response``, which answers 431 instead."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reading_head = True
+        self.head_bytes = 0
+        """Bytes received while a head was being read (an upper bound of its size)."""
+        self.refused = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.reading_head:
+            self.head_bytes += len(data)
+        super().data_received(data)
+        if self.reading_head and self.head_bytes > MAX_HEAD_BYTES:
+            self.refuse_head()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.reading_head = True
+        self.head_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        """The exact size is known now: the last read may also have held body bytes."""
+        self.reading_head = False
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > MAX_HEAD_BYTES:
+            self.head_bytes = size
+            raise _HeadTooLarge
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self.head_bytes > MAX_HEAD_BYTES:
+            self.refuse_head()
+        else:
+            super().send_400_response(msg)
+
+    def refuse_head(self) -> None:
+        if self.refused or self.transport.is_closing():
+            return
+        self.refused = True
+        self.logger.warning("Request head over %d bytes refused.", MAX_HEAD_BYTES)
+        error = HeadersTooLarge(f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+        body = orjson.dumps(error.problem())
+        head = [STATUS_LINE[error.status]]
+        for name, value in self.server_state.default_headers:
+            head.extend([name, b": ", value, b"\r\n"])
+        head.extend(
+            [
+                b"content-type: application/problem+json\r\n",
+                b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+                b"connection: close\r\n\r\n",
+                body,
+            ]
+        )
+        self.transport.write(b"".join(head))
+        # Closing now, with the rest of the header unread, would make the kernel reset the
+        # connection and the client lose the answer: end the writing side, stop reading, and
+        # close a moment later.
+        self.transport.write_eof()
+        self.transport.pause_reading()
+        self.loop.call_later(LINGER_S, self.transport.close)

@@ -1,0 +1,116 @@
+"""A real ``toolgate serve`` refuses an oversized request head before the app sees it, and
+its memory does not grow with what a client sends."""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from app.protocol import MAX_HEAD_BYTES
+from tests.flows import Auth
+from tests.test_instances import Instance
+
+
+@pytest.fixture
+async def served(env: dict[str, str]) -> AsyncIterator[Instance]:
+    instance = Instance(env)
+    try:
+        await instance.ready()
+        yield instance
+    finally:
+        instance.stop()
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of the one response the server sends before closing."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, body
+
+
+def assert_refused(status: int, headers: dict[str, str], body: bytes) -> None:
+    assert status == 431
+    assert headers["content-type"] == "application/problem+json"
+    assert orjson.loads(body)["code"] == "invalid_request"
+
+
+async def test_a_huge_header_is_refused_early_and_the_worker_does_not_grow(
+    served: Instance,
+) -> None:
+    """A 64 MiB header sent in 64 KiB pieces: the answer comes after the first few."""
+    before = rss_kib(served.process.pid)
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: toolgate\r\nx-big: ")
+        sent, started, piece = 0, time.monotonic(), b"a" * 65536
+        while sent < 64 * 1024 * 1024 and not select.select([sock], [], [], 0.05)[0]:
+            sock.sendall(piece)
+            sent += len(piece)
+        assert_refused(*answer(sock))
+    assert time.monotonic() - started < 5
+    assert sent <= 4 * len(piece), "the server kept reading the header"
+    assert rss_kib(served.process.pid) - before < 4 * 1024
+
+
+async def test_a_head_over_the_limit_in_one_read_is_refused(served: Instance) -> None:
+    head = b"GET /healthz HTTP/1.1\r\nhost: toolgate\r\nx-big: " + b"a" * MAX_HEAD_BYTES
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(head + b"\r\n\r\n")
+        assert_refused(*answer(sock))
+
+
+async def test_many_headers_just_under_the_limit_and_a_large_body_are_served(
+    served: Instance, auth: Auth
+) -> None:
+    headers = b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 1000) for i in range(50))
+    body = orjson.dumps({"tool": "create_ticket", "arguments": {"subject": "s" * 600_000}})
+    token = auth()["Authorization"].encode()
+    request = (
+        b"POST /propose HTTP/1.1\r\nhost: toolgate\r\nconnection: close\r\n"
+        b"content-type: application/json\r\nauthorization: "
+        + token
+        + b"\r\n"
+        + headers
+        + b"content-length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(request)
+        status, _, answered = answer(sock)
+    assert status == 422, answered
+    assert orjson.loads(answered)["code"] == "invalid_arguments"
+
+
+async def test_the_limit_applies_to_each_request_of_a_kept_alive_connection(
+    served: Instance,
+) -> None:
+    """Two requests with heads of 40 KiB each are served; a third of 80 KiB is refused."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        for _ in range(2):
+            sock.sendall(
+                b"GET /healthz HTTP/1.1\r\nhost: toolgate\r\nx-h: %s\r\n\r\n" % (b"a" * 40_000)
+            )
+            response = b""
+            while not response.endswith(b'{"status":"ok"}'):
+                response += sock.recv(65536)
+            assert response.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nhost: toolgate\r\nx-h: %s\r\n\r\n" % (b"a" * 80_000)
+        )
+        assert_refused(*answer(sock))
