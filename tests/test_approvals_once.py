@@ -316,3 +316,34 @@ async def test_the_migration_keeps_the_first_of_several_rejections(database_url:
                 )
         finally:
             await conn.close()
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+async def test_a_later_denial_is_audited_but_never_rewrites_a_decided_or_executed_call(
+    flow: Flow, providers: Providers, db: asyncpg.Connection, decision: str
+) -> None:
+    call_id, snapshot_hash = await previewed(flow)
+    assert (await flow.approve(call_id, snapshot_hash, decision=decision)).status_code == 200
+    if decision == "approve":
+        approval_id = await db.fetchval("SELECT id FROM approvals WHERE call_id = $1", call_id)
+        executed = await flow.execute(
+            "issue_refund", refund_args(), new_key(), call_id=call_id, approval_id=approval_id
+        )
+        assert executed.status_code == 200, executed.text
+    before = await db.fetchval("SELECT state FROM calls WHERE id = $1", call_id)
+    # The same actor, now without the tool's role: re-authorization denies the call.
+    denied = await flow.execute(
+        "issue_refund",
+        refund_args(),
+        new_key(),
+        {"sub": "alice", "roles": "customer"},
+        call_id=call_id,
+    )
+    assert (denied.status_code, denied.json()["code"]) == (403, "tool_forbidden")
+    assert await db.fetchval("SELECT state FROM calls WHERE id = $1", call_id) == before
+    assert before == ("succeeded" if decision == "approve" else "rejected")
+    codes = await db.fetch(
+        "SELECT code FROM audit_events WHERE call_id = $1 AND event = 'denied'", call_id
+    )
+    assert [r["code"] for r in codes][-1] == "tool_forbidden"
+    assert await effects(providers) == (1 if decision == "approve" else 0)

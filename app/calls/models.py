@@ -36,6 +36,8 @@ STARTED = ("executing", "succeeded", "failed", "unknown")
 """An execution has claimed the call: it is not decided again."""
 SETTLED = ("approved", "rejected", *STARTED)
 """A human has decided or an execution has begun: a new preview does not reopen the call."""
+FINAL = ("rejected", *STARTED)
+"""No later decision changes the call's state (a denial is still audited)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.audit.store import AuditEvent, append_after
-from app.calls.models import CallRow, DryRunRow, ExecutionRow
+from app.calls.models import FINAL, CallRow, DryRunRow, ExecutionRow
 from app.db import Connection, Insert
 
 _GENERATED = ("created_at", "updated_at")
@@ -33,10 +33,14 @@ async def insert_with_audit(conn: Connection, call: CallRow, event: AuditEvent) 
 async def set_state_with_audit(
     conn: Connection, call_id: str, state: str, event: AuditEvent
 ) -> None:
+    """Record ``event`` and move the call to ``state``, unless the call is already past
+    deciding (``FINAL``): a later denial is audited but never rewrites a rejection or an
+    execution that began."""
     await append_after(
         conn,
-        "change AS (UPDATE calls SET state = $2, updated_at = now() WHERE id = $1 RETURNING 1)",
-        (call_id, state),
+        "change AS (UPDATE calls SET state = CASE WHEN state = ANY($3) THEN state ELSE $2 END,"
+        " updated_at = now() WHERE id = $1 RETURNING 1)",
+        (call_id, state, list(FINAL)),
         event,
     )
 
