@@ -1,12 +1,26 @@
-"""The ``toolgate`` command: serve, migrate, check, token (SPEC §2), audit verify."""
+"""The ``toolgate`` command: serve, migrate, check, token, audit verify, demo.
+
+Without ``TOOLGATE_DATABASE_URL``, the commands that need a database (serve, migrate, audit
+verify, demo) run on the embedded store in ``TOOLGATE_DATA_DIR`` (``app.embedded``): started
+and migrated first, stopped at the end by the process that started it, SIGTERM or SIGINT
+included.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import logging
+import logging.config
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from urllib.parse import parse_qs, urlsplit
 
 from app.settings import ConfigError, Settings
 
@@ -15,7 +29,20 @@ _OVERRIDES = {
     "catalog": "TOOLGATE_CATALOG",
     "database_url": "TOOLGATE_DATABASE_URL",
     "redis_url": "TOOLGATE_REDIS_URL",
+    "data_dir": "TOOLGATE_DATA_DIR",
 }
+log = logging.getLogger("toolgate")
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: unwinds like ``KeyboardInterrupt``, so what the command started
+    (the embedded store above all) is stopped on the way out. uvicorn re-raises the signal
+    it caught once it has shut down; without this handler SIGTERM would then end the
+    process on the spot, leaving the store running."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--catalog", help="catalog file or directory (TOOLGATE_CATALOG)")
     parser.add_argument("--database-url", help="postgresql:// URL (TOOLGATE_DATABASE_URL)")
     parser.add_argument("--redis-url", help="redis:// URL (TOOLGATE_REDIS_URL)")
+    parser.add_argument(
+        "--data-dir",
+        help="the embedded store's directory, without a database URL (TOOLGATE_DATA_DIR)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the service")
     serve.add_argument("--host", default="127.0.0.1")
@@ -49,18 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     for flag, variable in _OVERRIDES.items():
         if getattr(args, flag):
             os.environ[variable] = getattr(args, flag)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
     try:
         settings = Settings.from_env()
         if args.command == "serve":
-            return _serve(settings, args.host, args.port, args.workers)
+            _log_to_stderr()
+            with _store(settings, migrated=True) as settings:
+                return _serve(settings, args.host, args.port, args.workers)
         if args.command == "migrate":
-            applied = asyncio.run(_migrate(settings))
+            with _store(settings, migrated=False) as settings:
+                applied = asyncio.run(_migrate(settings))
             print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
             return 0
         if args.command == "check":
             return _check(settings, Path(args.path) if args.path else settings.catalog_path)
         if args.command == "audit":
-            return asyncio.run(_audit_verify(settings))
+            with _store(settings, migrated=True) as settings:
+                return asyncio.run(_audit_verify(settings))
         roles = [r for r in args.roles.split(",") if r]
         from app.auth.tokens import mint
 
@@ -69,6 +106,35 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"toolgate: {exc}", file=sys.stderr)
         return 2
+    except Stopped:
+        return 0
+
+
+@contextmanager
+def _store(settings: Settings, *, migrated: bool) -> Iterator[Settings]:
+    """``settings`` with a database: ``TOOLGATE_DATABASE_URL`` as given, or the embedded store
+    in the data dir (migrated first when ``migrated``). Its URL is put in the environment,
+    where the processes ``serve`` starts (workers, sealer) read it."""
+    if settings.database_url:
+        log.info("store: PostgreSQL at %s (TOOLGATE_DATABASE_URL)", _where(settings.database_url))
+        yield settings
+        return
+    from app.embedded import EmbeddedPostgres
+
+    store = EmbeddedPostgres(settings.data_dir)
+    url = store.start()
+    try:
+        if store.adopted:
+            log.warning("embedded PostgreSQL in %s was left running; reusing it", store.pgdata)
+        log.info("store: embedded PostgreSQL in %s", store.pgdata)
+        if migrated:
+            asyncio.run(_migrate(dataclasses.replace(settings, database_url=url)))
+        os.environ["TOOLGATE_DATABASE_URL"] = url
+        yield dataclasses.replace(settings, database_url=url)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not skip this
+            signal.signal(signum, signal.SIG_IGN)
+        store.stop()
 
 
 async def _migrate(settings: Settings) -> list[str]:
@@ -98,6 +164,19 @@ async def _audit_verify(settings: Settings) -> int:
     return 0 if report.ok else 1
 
 
+def _log_to_stderr() -> None:
+    from app.logs import log_config
+
+    logging.config.dictConfig(log_config())
+
+
+def _where(url: str) -> str:
+    """Host, port and database of a URL, without its credentials."""
+    parts = urlsplit(url)
+    host = parts.hostname or parse_qs(parts.query).get("host", ["localhost"])[0]
+    return f"{host}:{parts.port or 'default port'}{parts.path}"
+
+
 def _check(settings: Settings, path: Path) -> int:
     from app.catalog.loader import CatalogError, load
 
@@ -125,6 +204,10 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
     async def preflight() -> None:
         await close_state(await open_state(settings))
 
+    if settings.redis_url:
+        log.info("locks: Redis at %s", _where(settings.redis_url))
+    else:
+        log.info("locks: PostgreSQL advisory locks (TOOLGATE_REDIS_URL is not set)")
     try:
         asyncio.run(preflight())
     except CatalogError as exc:

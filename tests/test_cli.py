@@ -22,7 +22,7 @@ import pytest
 
 from app.db import migration_files
 from tests.catalogs import BASE, write
-from tests.conftest import ADMIN_DSN, ROOT, SECRET
+from tests.conftest import ROOT, SECRET, with_database
 
 SERVE_TIMEOUT_S = 20
 
@@ -199,16 +199,12 @@ async def test_serve_refuses_an_invalid_catalog(database_url: str, tmp_path: Pat
     )
 
 
-async def test_serve_refuses_without_a_database_url() -> None:
-    await refuses_to_serve(serve_env(None), "TOOLGATE_DATABASE_URL")
-
-
 async def test_serve_refuses_a_database_that_is_not_migrated(empty_database: str) -> None:
     await refuses_to_serve(serve_env(empty_database), "toolgate migrate")
 
 
-async def test_serve_refuses_a_database_that_does_not_exist() -> None:
-    missing = ADMIN_DSN.rsplit("/", 1)[0] + f"/toolgate_missing_{secrets.token_hex(4)}"
+async def test_serve_refuses_a_database_that_does_not_exist(admin_dsn: str) -> None:
+    missing = with_database(admin_dsn, f"toolgate_missing_{secrets.token_hex(4)}")
     await refuses_to_serve(serve_env(missing), "does not exist")
 
 
