@@ -175,6 +175,13 @@ def env(database_url: str, redis_url: str, providers_url: str, catalog_dir: Path
     return make_env(database_url, redis_url, providers_url, TOOLGATE_CATALOG=str(catalog_dir))
 
 
+@pytest.fixture(params=["redis", "advisory"])
+def lock_env(request: pytest.FixtureRequest, env: dict[str, str]) -> dict[str, str]:
+    """The test app's environment with each lock backend: Redis, or (no Redis URL)
+    PostgreSQL advisory locks. Concurrency tests run over both."""
+    return env if request.param == "redis" else {**env, "TOOLGATE_REDIS_URL": ""}
+
+
 @pytest.fixture(scope="session")
 async def settings(env: dict[str, str]) -> Settings:
     return Settings.from_env(env)

@@ -64,8 +64,9 @@ class Instance:
 
 
 @pytest.fixture
-async def instances(env: dict[str, str]) -> AsyncIterator[list[Instance]]:
-    started = [Instance(env), Instance(env)]
+async def instances(lock_env: dict[str, str]) -> AsyncIterator[list[Instance]]:
+    """Two instances, sharing their locks through Redis or through PostgreSQL."""
+    started = [Instance(lock_env), Instance(lock_env)]
     try:
         await asyncio.gather(*(i.ready() for i in started))
         yield started
