@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--tenant", required=True)
     token.add_argument("--roles", default="")
     token.add_argument("--ttl", type=int, default=3600)
+    demo = commands.add_parser(
+        "demo", help="run toolgate with the demo catalog and providers, ready to try"
+    )
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--data-dir", dest="demo_data_dir", help="the embedded store's directory")
     audit = commands.add_parser("audit", help="the audit trail")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
     audit_commands.add_parser(
@@ -93,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 applied = asyncio.run(_migrate(settings))
             print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
             return 0
+        if args.command == "demo":
+            return _demo(args.host, args.port, args.demo_data_dir)
         if args.command == "check":
             return _check(settings, Path(args.path) if args.path else settings.catalog_path)
         if args.command == "audit":
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         roles = [r for r in args.roles.split(",") if r]
         from app.auth.tokens import mint
 
-        print(mint(settings, args.sub, args.tenant, roles, args.ttl))
+        print(mint(_token_settings(settings), args.sub, args.tenant, roles, args.ttl))
         return 0
     except ConfigError as exc:
         print(f"toolgate: {exc}", file=sys.stderr)
@@ -162,6 +170,39 @@ async def _audit_verify(settings: Settings) -> int:
         raise ConfigError(exc.detail) from None
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def _token_settings(settings: Settings) -> Settings:
+    """With no key configured at all, ``token`` signs with the demo's published secret (and
+    says so): what ``toolgate demo`` accepts when ``TOOLGATE_JWT_SECRET`` is unset."""
+    if settings.jwt_secret or settings.jwt_public_key_file or settings.jwks_url:
+        return settings
+    from app.demo import DEMO_SECRET
+
+    print("toolgate: TOOLGATE_JWT_SECRET is not set; signed with the demo secret", file=sys.stderr)
+    return dataclasses.replace(settings, jwt_secret=DEMO_SECRET, jwt_algorithms=("HS256",))
+
+
+def _demo(host: str, port: int, data_dir: str | None) -> int:
+    """The demo providers in a thread, then ``serve`` with the demo's settings."""
+    from app import demo
+    from examples.demo_providers import serve_in_background
+
+    if data_dir:
+        os.environ["TOOLGATE_DATA_DIR"] = data_dir
+    providers_host, providers_port = demo.prepare(os.environ)
+    _log_to_stderr()
+    try:
+        stop_providers = serve_in_background(providers_host, providers_port)
+    except OSError as exc:
+        raise ConfigError(f"the demo providers cannot listen: {exc}") from None
+    try:
+        with _store(Settings.from_env(), migrated=True) as settings:
+            settings.check_keys()
+            print(demo.banner(settings, f"http://{host}:{port}", os.environ), flush=True)
+            return _serve(settings, host, port, 1)
+    finally:
+        stop_providers()
 
 
 def _log_to_stderr() -> None:
