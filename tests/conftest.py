@@ -100,6 +100,19 @@ def exited(pid: int) -> bool:
         return True
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 @pytest.fixture
 async def empty_database(admin_dsn: str) -> AsyncIterator[str]:
     """A database that exists but has no schema at all; dropped afterwards."""
