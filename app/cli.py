@@ -1,12 +1,26 @@
-"""The ``toolgate`` command: serve, migrate, check, token (SPEC §2), audit verify and keygen."""
+"""The ``toolgate`` command: serve, migrate, check, token, audit verify and keygen, demo.
+
+Without ``TOOLGATE_DATABASE_URL``, the commands that need a database (serve, migrate, audit
+verify, demo) run on the embedded store in ``TOOLGATE_DATA_DIR`` (``app.embedded``): started
+and migrated first, stopped at the end by the process that started it, SIGTERM or SIGINT
+included.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import logging
+import logging.config
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from urllib.parse import parse_qs, urlsplit
 
 from app.settings import ConfigError, Settings
 
@@ -15,7 +29,20 @@ _OVERRIDES = {
     "catalog": "TOOLGATE_CATALOG",
     "database_url": "TOOLGATE_DATABASE_URL",
     "redis_url": "TOOLGATE_REDIS_URL",
+    "data_dir": "TOOLGATE_DATA_DIR",
 }
+log = logging.getLogger("toolgate")
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: unwinds like ``KeyboardInterrupt``, so what the command started
+    (the embedded store above all) is stopped on the way out. uvicorn re-raises the signal
+    it caught once it has shut down; without this handler SIGTERM would then end the
+    process on the spot, leaving the store running."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--catalog", help="catalog file or directory (TOOLGATE_CATALOG)")
     parser.add_argument("--database-url", help="postgresql:// URL (TOOLGATE_DATABASE_URL)")
     parser.add_argument("--redis-url", help="redis:// URL (TOOLGATE_REDIS_URL)")
+    parser.add_argument(
+        "--data-dir",
+        help="the embedded store's directory, without a database URL (TOOLGATE_DATA_DIR)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the service")
     serve.add_argument("--host", default="127.0.0.1")
@@ -36,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--tenant", required=True)
     token.add_argument("--roles", default="")
     token.add_argument("--ttl", type=int, default=3600)
+    demo = commands.add_parser(
+        "demo", help="run toolgate with the demo catalog and providers, ready to try"
+    )
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--data-dir", dest="demo_data_dir", help="the embedded store's directory")
     audit = commands.add_parser("audit", help="the audit trail")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
     verify = audit_commands.add_parser(
@@ -69,28 +106,65 @@ def main(argv: list[str] | None = None) -> int:
     for flag, variable in _OVERRIDES.items():
         if getattr(args, flag):
             os.environ[variable] = getattr(args, flag)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
     try:
         settings = Settings.from_env()
         if args.command == "serve":
-            return _serve(settings, args.host, args.port, args.workers)
+            _log_to_stderr()
+            with _store(settings, migrated=True) as settings:
+                return _serve(settings, args.host, args.port, args.workers)
         if args.command == "migrate":
-            applied = asyncio.run(_migrate(settings))
+            with _store(settings, migrated=False) as settings:
+                applied = asyncio.run(_migrate(settings))
             print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
             return 0
+        if args.command == "demo":
+            return _demo(args.host, args.port, args.demo_data_dir)
         if args.command == "check":
             return _check(settings, Path(args.path) if args.path else settings.catalog_path)
         if args.command == "audit" and args.audit_command == "keygen":
             return _audit_keygen(args.out)
         if args.command == "audit":
-            return asyncio.run(_audit_verify(settings, args.checkpoints, args.public_key))
+            with _store(settings, migrated=True) as settings:
+                return asyncio.run(_audit_verify(settings, args.checkpoints, args.public_key))
         roles = [r for r in args.roles.split(",") if r]
         from app.auth.tokens import mint
 
-        print(mint(settings, args.sub, args.tenant, roles, args.ttl))
+        print(mint(_token_settings(settings), args.sub, args.tenant, roles, args.ttl))
         return 0
     except ConfigError as exc:
         print(f"toolgate: {exc}", file=sys.stderr)
         return 2
+    except Stopped:
+        return 0
+
+
+@contextmanager
+def _store(settings: Settings, *, migrated: bool) -> Iterator[Settings]:
+    """``settings`` with a database: ``TOOLGATE_DATABASE_URL`` as given, or the embedded store
+    in the data dir (migrated first when ``migrated``). Its URL is put in the environment,
+    where the processes ``serve`` starts (workers, sealer) read it."""
+    if settings.database_url:
+        log.info("store: PostgreSQL at %s (TOOLGATE_DATABASE_URL)", _where(settings.database_url))
+        yield settings
+        return
+    from app.embedded import EmbeddedPostgres
+
+    store = EmbeddedPostgres(settings.data_dir)
+    url = store.start()
+    try:
+        if store.adopted:
+            log.warning("embedded PostgreSQL in %s was left running; reusing it", store.pgdata)
+        log.info("store: embedded PostgreSQL in %s", store.pgdata)
+        if migrated:
+            asyncio.run(_migrate(dataclasses.replace(settings, database_url=url)))
+        os.environ["TOOLGATE_DATABASE_URL"] = url
+        yield dataclasses.replace(settings, database_url=url)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not skip this
+            signal.signal(signum, signal.SIG_IGN)
+        store.stop()
 
 
 async def _migrate(settings: Settings) -> list[str]:
@@ -139,6 +213,52 @@ async def _audit_verify(settings: Settings, exported: Path | None, public: Path 
     return 0 if report.ok else 1
 
 
+def _token_settings(settings: Settings) -> Settings:
+    """With no key configured at all, ``token`` signs with the demo's published secret (and
+    says so): what ``toolgate demo`` accepts when ``TOOLGATE_JWT_SECRET`` is unset."""
+    if settings.jwt_secret or settings.jwt_public_key_file or settings.jwks_url:
+        return settings
+    from app.demo import DEMO_SECRET
+
+    print("toolgate: TOOLGATE_JWT_SECRET is not set; signed with the demo secret", file=sys.stderr)
+    return dataclasses.replace(settings, jwt_secret=DEMO_SECRET, jwt_algorithms=("HS256",))
+
+
+def _demo(host: str, port: int, data_dir: str | None) -> int:
+    """The demo providers in a thread, then ``serve`` with the demo's settings."""
+    from app import demo
+    from examples.demo_providers import serve_in_background
+
+    if data_dir:
+        os.environ["TOOLGATE_DATA_DIR"] = data_dir
+    providers_host, providers_port = demo.prepare(os.environ)
+    _log_to_stderr()
+    try:
+        stop_providers = serve_in_background(providers_host, providers_port)
+    except OSError as exc:
+        raise ConfigError(f"the demo providers cannot listen: {exc}") from None
+    try:
+        with _store(Settings.from_env(), migrated=True) as settings:
+            settings.check_keys()
+            print(demo.banner(settings, f"http://{host}:{port}", os.environ), flush=True)
+            return _serve(settings, host, port, 1)
+    finally:
+        stop_providers()
+
+
+def _log_to_stderr() -> None:
+    from app.logs import log_config
+
+    logging.config.dictConfig(log_config())
+
+
+def _where(url: str) -> str:
+    """Host, port and database of a URL, without its credentials."""
+    parts = urlsplit(url)
+    host = parts.hostname or parse_qs(parts.query).get("host", ["localhost"])[0]
+    return f"{host}:{parts.port or 'default port'}{parts.path}"
+
+
 def _check(settings: Settings, path: Path) -> int:
     from app.catalog.loader import CatalogError, load
 
@@ -167,6 +287,10 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
     async def preflight() -> None:
         await close_state(await open_state(settings))
 
+    if settings.redis_url:
+        log.info("locks: Redis at %s", _where(settings.redis_url))
+    else:
+        log.info("locks: PostgreSQL advisory locks (TOOLGATE_REDIS_URL is not set)")
     try:
         checkpoints.signing_key(settings)
         asyncio.run(preflight())

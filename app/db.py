@@ -91,9 +91,11 @@ async def _init(conn: Connection) -> None:
 
 
 async def _keep(conn: Connection) -> None:
-    """Pool release without asyncpg's reset queries: toolgate keeps no session state on
-    pooled connections (advisory locks are transaction-scoped), and asyncpg still rolls back
-    a transaction left open."""
+    """Pool release without asyncpg's reset queries (a round trip per release): toolgate
+    keeps no session state on pooled connections, and asyncpg still rolls back a transaction
+    left open. Session advisory locks are the one exception: whoever takes one releases it
+    explicitly before the connection goes back (``app.locks``, the reconciler), or closes
+    the connection when that fails."""
 
 
 class Database:

@@ -64,6 +64,12 @@ async def open_state(settings: Settings) -> AppState:
     verifier = TokenVerifier(settings, outbound)
     db = Database(url)
     await db.open()
+    locks = Locks(settings.redis_url, settings.redis_prefix, url)
+    try:
+        await locks.open()
+    except Unavailable:
+        await db.close()
+        raise
     await outbound.start()
     return AppState(
         settings=settings,
@@ -72,7 +78,7 @@ async def open_state(settings: Settings) -> AppState:
         gateway=Gateway(outbound),
         outbound=outbound,
         verifier=verifier,
-        locks=Locks(settings.redis_url, settings.redis_prefix),
+        locks=locks,
     )
 
 

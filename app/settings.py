@@ -22,6 +22,8 @@ class ConfigError(Exception):
 class Settings:
     catalog_path: Path
     database_url: str | None
+    """``None``: the ``toolgate`` command runs the embedded store in ``data_dir``."""
+    data_dir: Path
     redis_url: str | None
     redis_prefix: str
     jwt_secret: str | None
@@ -62,6 +64,7 @@ class Settings:
         return cls(
             catalog_path=Path(get("CATALOG") or "catalog/"),
             database_url=get("DATABASE_URL"),
+            data_dir=Path(get("DATA_DIR") or ".toolgate"),
             redis_url=get("REDIS_URL"),
             redis_prefix=get("REDIS_PREFIX") or "toolgate:",
             jwt_secret=secret,
@@ -106,8 +109,8 @@ class Settings:
     def check_database(self) -> str:
         if not self.database_url:
             raise ConfigError(
-                "TOOLGATE_DATABASE_URL is required (postgresql://...); "
-                "the embedded single-node store is not available yet"
+                "TOOLGATE_DATABASE_URL is not set (the toolgate command starts an embedded "
+                "store for it; an app run any other way needs a postgresql:// URL)"
             )
         if not self.database_url.startswith(("postgresql://", "postgres://")):
             raise ConfigError("TOOLGATE_DATABASE_URL must be a postgresql:// URL")

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import threading
 from collections import Counter, defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -381,6 +382,31 @@ def build_app() -> web.Application:
     for method, path, handler in routes:
         app.router.add_route(method, path, handler)
     return app
+
+
+def serve_in_background(host: str, port: int) -> Callable[[], None]:
+    """The providers on an event loop of their own in a daemon thread (``toolgate demo``
+    runs them inside its process, so nothing outlives it); returns the function that stops
+    them. ``OSError`` when the port is taken."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(build_app())
+    try:
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, host, port).start())
+    except BaseException:
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+        raise
+    thread = threading.Thread(target=loop.run_forever, name="demo-providers", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()
+
+    return stop
 
 
 def main() -> None:

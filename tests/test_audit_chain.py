@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -386,6 +389,10 @@ async def test_the_cli_seals_verifies_and_exits_non_zero_naming_the_broken_row(
     assert broken.returncode == 1, broken.stderr
     assert "BROKEN" in broken.stdout
     assert "first broken row: seq 2" in broken.stdout
-    missing = await asyncio.to_thread(toolgate_audit_verify)
-    assert missing.returncode == 2
-    assert "TOOLGATE_DATABASE_URL" in missing.stderr
+    base = Path(tempfile.mkdtemp(prefix="toolgate-data-"))  # see conftest.embedded_server
+    try:
+        embedded = await asyncio.to_thread(toolgate_audit_verify, TOOLGATE_DATA_DIR=str(base))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert embedded.returncode == 0, embedded.stderr  # no URL: the embedded store, empty
+    assert "checked 0 sealed rows" in embedded.stdout

@@ -21,8 +21,9 @@ import jwt
 import pytest
 
 from app.db import migration_files
+from app.demo import DEMO_SECRET
 from tests.catalogs import BASE, write
-from tests.conftest import ADMIN_DSN, ROOT, SECRET
+from tests.conftest import ROOT, SECRET, with_database
 
 SERVE_TIMEOUT_S = 20
 
@@ -132,8 +133,19 @@ async def test_token_mints_a_verifiable_hs256_token(ttl: str | None, expected_tt
         jwt.decode(token, "x" * 40, algorithms=["HS256"])
 
 
-async def test_token_without_a_secret_fails_clearly() -> None:
+async def test_token_without_any_key_signs_with_the_demo_secret_and_says_so() -> None:
     result = await run("token", "--sub", "a", "--tenant", "t", env=base_env())
+    assert result.returncode == 0, result.stderr
+    assert "TOOLGATE_JWT_SECRET is not set; signed with the demo secret" in result.stderr
+    claims = jwt.decode(result.stdout.strip(), DEMO_SECRET, algorithms=["HS256"])
+    assert (claims["sub"], claims["tid"]) == ("a", "t")
+
+
+async def test_token_with_only_a_public_key_configured_fails_clearly(tmp_path: Path) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("not used")
+    env = base_env(TOOLGATE_JWT_PUBLIC_KEY=str(key))
+    result = await run("token", "--sub", "a", "--tenant", "t", env=env)
     assert result.returncode != 0
     assert "TOOLGATE_JWT_SECRET" in result.stderr
     assert "Traceback" not in result.stderr
@@ -199,16 +211,12 @@ async def test_serve_refuses_an_invalid_catalog(database_url: str, tmp_path: Pat
     )
 
 
-async def test_serve_refuses_without_a_database_url() -> None:
-    await refuses_to_serve(serve_env(None), "TOOLGATE_DATABASE_URL")
-
-
 async def test_serve_refuses_a_database_that_is_not_migrated(empty_database: str) -> None:
     await refuses_to_serve(serve_env(empty_database), "toolgate migrate")
 
 
-async def test_serve_refuses_a_database_that_does_not_exist() -> None:
-    missing = ADMIN_DSN.rsplit("/", 1)[0] + f"/toolgate_missing_{secrets.token_hex(4)}"
+async def test_serve_refuses_a_database_that_does_not_exist(admin_dsn: str) -> None:
+    missing = with_database(admin_dsn, f"toolgate_missing_{secrets.token_hex(4)}")
     await refuses_to_serve(serve_env(missing), "does not exist")
 
 

@@ -17,7 +17,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.conftest import Providers, exited
+from tests.conftest import Providers, children, exited
 from tests.flows import Auth, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
@@ -64,8 +64,9 @@ class Instance:
 
 
 @pytest.fixture
-async def instances(env: dict[str, str]) -> AsyncIterator[list[Instance]]:
-    started = [Instance(env), Instance(env)]
+async def instances(lock_env: dict[str, str]) -> AsyncIterator[list[Instance]]:
+    """Two instances, sharing their locks through Redis or through PostgreSQL."""
+    started = [Instance(lock_env), Instance(lock_env)]
     try:
         await asyncio.gather(*(i.ready() for i in started))
         yield started
@@ -171,18 +172,6 @@ async def test_sighup_reloads_the_catalog_and_a_broken_one_is_refused(
             assert (await c.get("/readyz")).json()["checks"]["catalog"] == after
     finally:
         instance.stop()
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 async def test_serve_seals_in_a_process_of_its_own_and_stops_it(

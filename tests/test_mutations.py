@@ -4,6 +4,7 @@ PostgreSQL, Redis and provider servers that count their side effects."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -11,7 +12,7 @@ import httpx
 import pytest
 
 from app.catalog.loader import load
-from tests.conftest import Providers
+from tests.conftest import Providers, running_app
 from tests.flows import ALICE, Auth, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
@@ -20,6 +21,15 @@ REFUNDS = "/billing/refunds"
 @pytest.fixture
 def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
     return Flow(client, auth)
+
+
+@pytest.fixture
+async def locked_flow(
+    lock_env: dict[str, str], clean: None, providers: Providers, auth: Auth
+) -> AsyncIterator[Flow]:
+    """A flow through an app of its own, with each lock backend."""
+    async with running_app(lock_env) as client:
+        yield Flow(client, auth)
 
 
 async def effects(providers: Providers, path: str = REFUNDS) -> int:
@@ -132,8 +142,9 @@ async def test_an_approval_is_single_use(flow: Flow, providers: Providers) -> No
 
 
 async def test_one_approval_used_by_twelve_parallel_executions_has_one_effect(
-    flow: Flow, providers: Providers
+    locked_flow: Flow, providers: Providers
 ) -> None:
+    flow = locked_flow
     _, approval_id = await flow.approved_refund()
     responses = await asyncio.gather(
         *(
@@ -147,8 +158,9 @@ async def test_one_approval_used_by_twelve_parallel_executions_has_one_effect(
 
 
 async def test_twenty_four_parallel_retries_of_one_key_have_one_effect(
-    flow: Flow, providers: Providers
+    locked_flow: Flow, providers: Providers
 ) -> None:
+    flow = locked_flow
     _, approval_id = await flow.approved_refund()
     key = new_key()
     responses = await asyncio.gather(

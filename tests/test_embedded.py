@@ -1,0 +1,181 @@
+"""The embedded store and ``toolgate demo`` as a newcomer meets them: real ``toolgate``
+processes with no database or Redis configured, stopped by signals and killed outright."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, SECRET, children, exited, free_port
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """Under the system's temporary directory, not pytest's (see ``embedded_server``)."""
+    base = Path(tempfile.mkdtemp(prefix="toolgate-data-"))
+    yield base / "data"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def newcomer_env(data_dir: Path, **variables: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLGATE_", "DEMO_"))}
+    return {**env, "TOOLGATE_DATA_DIR": str(data_dir), **variables}
+
+
+def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "app.cli", *args]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+async def ready(process: subprocess.Popen[str], port: int) -> None:
+    deadline = time.monotonic() + 30
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()[1]
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("toolgate did not become ready")
+
+
+def postmaster(data_dir: Path) -> int:
+    return int((data_dir / "postgres" / "postmaster.pid").read_text().split()[0])
+
+
+async def gone(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while not exited(pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def stop(process: subprocess.Popen[str], signum: int) -> str:
+    """Signal ``process``; its stderr once it has exited."""
+    process.send_signal(signum)
+    _, stderr = await asyncio.to_thread(process.communicate, timeout=30)
+    return stderr
+
+
+def serve_env(data_dir: Path) -> dict[str, str]:
+    catalog = str(ROOT / "catalog")
+    return newcomer_env(data_dir, TOOLGATE_CATALOG=catalog, TOOLGATE_JWT_SECRET=SECRET)
+
+
+async def test_serve_without_a_database_url_runs_the_embedded_store_and_sigterm_stops_it(
+    data_dir: Path,
+) -> None:
+    port = free_port()
+    serve = start("serve", "--port", str(port), env=serve_env(data_dir))
+    try:
+        await ready(serve, port)
+        server = postmaster(data_dir)
+    finally:
+        stderr = await stop(serve, signal.SIGTERM)
+    assert f"store: embedded PostgreSQL in {data_dir.resolve()}/postgres" in stderr
+    assert "locks: PostgreSQL advisory locks" in stderr
+    assert await gone(server), "the embedded PostgreSQL outlived serve"
+    assert not (data_dir / "postgres" / "postmaster.pid").exists()
+
+
+async def test_a_store_left_running_by_a_killed_serve_is_reused_then_stopped(
+    data_dir: Path,
+) -> None:
+    port = free_port()
+    first = start("serve", "--port", str(port), env=serve_env(data_dir))
+    await ready(first, port)
+    server = postmaster(data_dir)
+    first.kill()
+    await asyncio.to_thread(first.communicate)
+    assert not exited(server), "a killed serve cannot stop its store"
+    second = start("serve", "--port", str(port), env=serve_env(data_dir))
+    try:
+        await ready(second, port)
+        assert postmaster(data_dir) == server
+    finally:
+        stderr = await stop(second, signal.SIGINT)
+    assert "was left running; reusing it" in stderr
+    assert await gone(server)
+
+
+async def test_a_stale_pid_file_naming_a_live_process_does_not_block_a_start(
+    data_dir: Path,
+) -> None:
+    env = newcomer_env(data_dir)
+    first = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "app.cli", "migrate"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert first.returncode == 0, first.stderr
+    assert "applied: 0001" in first.stdout
+    pid_file = data_dir / "postgres" / "postmaster.pid"
+    pid_file.write_text(f"{os.getpid()}\n{data_dir / 'postgres'}\n")  # as a crash leaves it
+    second = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "app.cli", "migrate"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert second.returncode == 0, second.stderr
+    assert "schema is up to date" in second.stdout
+    assert not pid_file.exists()
+
+
+async def test_demo_serves_a_newcomer_and_sigterm_stops_the_whole_tree(data_dir: Path) -> None:
+    port, providers = free_port(), free_port()
+    env = newcomer_env(data_dir, DEMO_PROVIDERS_URL=f"http://127.0.0.1:{providers}")
+    demo = start("demo", "--port", str(port), "--data-dir", str(data_dir), env=env)
+    try:
+        await ready(demo, port)
+        assert demo.stdout is not None
+        banner = []
+        while not banner or "Ctrl-C stops everything" not in banner[-1]:
+            banner.append(await asyncio.to_thread(demo.stdout.readline))
+        tokens = dict(
+            line.split("export ", 1)[1].split("  #")[0].split("=", 1)
+            for line in banner
+            if "export " in line
+        )
+        assert set(tokens) == {"ALICE", "BOB", "DAVE", "CAROL", "ERIN"}
+        assert any("demo-only-secret-change-me" in line for line in banner)
+        server, started = postmaster(data_dir), children(demo.pid)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            headers = {"authorization": f"Bearer {tokens['ALICE']}"}
+            body = {"tool": "get_order", "arguments": {"order_id": "ord_1"}}
+            read = await client.post("/execute", json=body, headers=headers)
+            assert (read.status_code, read.json()["result"]["id"]) == (200, "ord_1")
+            other = {"tool": "get_order", "arguments": {"order_id": "ord_9"}}
+            refused = await client.post("/execute", json=other, headers=headers)
+            assert (refused.status_code, refused.json()["code"]) == (403, "tool_forbidden")
+    finally:
+        stderr = await stop(demo, signal.SIGTERM)
+    assert demo.returncode == 0, stderr
+    assert "locks: PostgreSQL advisory locks" in stderr
+    assert await gone(server), "the embedded PostgreSQL outlived the demo"
+    for child in started:
+        assert await gone(child), "a child of the demo outlived it"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{providers}/_control/stats")
