@@ -1,4 +1,5 @@
-"""The ``toolgate`` command: serve, migrate, check, token, audit verify and keygen, demo.
+"""The ``toolgate`` command: serve, migrate, check, catalog-schema, token, audit verify and
+keygen, demo.
 
 Without ``TOOLGATE_DATABASE_URL``, the commands that need a database (serve, migrate, audit
 verify, demo) run on the embedded store in ``TOOLGATE_DATA_DIR`` (``app.embedded``): started
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import logging.config
 import os
@@ -45,33 +47,80 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise Stopped(signum)
 
 
+DESCRIPTION = """\
+toolgate authorizes LLM-agent tool calls against a YAML tool catalog.
+The options before the command override the environment variable named in
+their help. Without a database URL, serve, migrate, audit verify and demo run an
+embedded PostgreSQL in the data dir (default ./.toolgate), created and migrated
+on first use and stopped by the command that started it."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="toolgate", description=__doc__)
-    parser.add_argument("--catalog", help="catalog file or directory (TOOLGATE_CATALOG)")
+    parser = argparse.ArgumentParser(
+        prog="toolgate",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--catalog", help="catalog file or directory of *.yaml files (TOOLGATE_CATALOG)"
+    )
     parser.add_argument("--database-url", help="postgresql:// URL (TOOLGATE_DATABASE_URL)")
-    parser.add_argument("--redis-url", help="redis:// URL (TOOLGATE_REDIS_URL)")
+    parser.add_argument(
+        "--redis-url", help="redis:// URL; without it, locks are in PostgreSQL (TOOLGATE_REDIS_URL)"
+    )
     parser.add_argument(
         "--data-dir",
         help="the embedded store's directory, without a database URL (TOOLGATE_DATA_DIR)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the service")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--workers", type=int, default=1)
-    commands.add_parser("migrate", help="apply the SQL migrations")
-    check = commands.add_parser("check", help="validate a catalog")
-    check.add_argument("path", nargs="?", help="catalog file or directory")
-    token = commands.add_parser("token", help="mint an HS256 token for local trials")
-    token.add_argument("--sub", required=True)
-    token.add_argument("--tenant", required=True)
-    token.add_argument("--roles", default="")
-    token.add_argument("--ttl", type=int, default=3600)
-    demo = commands.add_parser(
-        "demo", help="run toolgate with the demo catalog and providers, ready to try"
+    serve = commands.add_parser(
+        "serve",
+        help="run the service",
+        description="Run the service; refuses to start on an invalid catalog, a missing or "
+        "unusable key, or a database that is unreachable or not migrated.",
     )
-    demo.add_argument("--host", default="127.0.0.1")
-    demo.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (%(default)s)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (%(default)s)")
+    commands.add_parser(
+        "migrate",
+        help="apply the SQL migrations",
+        description="Apply the SQL migrations the database lacks; safe to run again.",
+    )
+    check = commands.add_parser(
+        "check",
+        help="validate a catalog",
+        description="Validate a catalog and print every problem with its file and line; "
+        "exit 0 only when it is valid.",
+    )
+    check.add_argument(
+        "path", nargs="?", help="catalog file or directory (default: the configured catalog)"
+    )
+    commands.add_parser(
+        "catalog-schema",
+        help="print the JSON Schema of catalog files",
+        description="Print the JSON Schema (2020-12) of a catalog file, for editors and CI. "
+        "It checks each file's keys and types; `toolgate check` checks everything else.",
+    )
+    token = commands.add_parser(
+        "token",
+        help="mint an HS256 token for local trials",
+        description="Mint an HS256 token signed with TOOLGATE_JWT_SECRET (with no key "
+        "configured at all: the demo's secret, said on stderr).",
+    )
+    token.add_argument("--sub", required=True, help="the user (sub claim)")
+    token.add_argument("--tenant", required=True, help="the tenant (tenant claim)")
+    token.add_argument("--roles", default="", help="comma-separated roles")
+    token.add_argument("--ttl", type=int, default=3600, help="seconds valid (%(default)s)")
+    demo = commands.add_parser(
+        "demo",
+        help="run toolgate with the demo catalog and providers, ready to try",
+        description="Run toolgate with the demo catalog and the demo providers in one process "
+        "tree, and print tokens for the demo users; Ctrl-C stops all of it. The providers "
+        "listen on DEMO_PROVIDERS_URL (default http://127.0.0.1:9100).",
+    )
+    demo.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    demo.add_argument("--port", type=int, default=8080, help="port to listen on (%(default)s)")
     demo.add_argument("--data-dir", dest="demo_data_dir", help="the embedded store's directory")
     audit = commands.add_parser("audit", help="the audit trail")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
@@ -79,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
         "verify",
         help="seal pending rows, recompute the hash chain, check its signed head and "
         "published checkpoints, name the first broken row",
+        description="Seal pending rows, recompute the hash chain, check its signed head and "
+        "published checkpoints, and name the first broken row. Exit 0: intact; 1: broken or "
+        "stalled; 2: it cannot be checked.",
     )
     verify.add_argument(
         "--checkpoints",
@@ -97,7 +149,13 @@ def _parser() -> argparse.ArgumentParser:
         "keygen",
         help="write a new Ed25519 key for TOOLGATE_AUDIT_SIGNING_KEY; print its public key",
     )
-    keygen.add_argument("--out", type=Path, required=True, metavar="PATH")
+    keygen.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="where to write the private key (mode 0600; an existing file is never overwritten)",
+    )
     return parser
 
 
@@ -108,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[variable] = getattr(args, flag)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop)
+    if args.command == "catalog-schema":
+        from app.catalog.spec import json_schema
+
+        print(json.dumps(json_schema(), indent=2))
+        return 0
     try:
         settings = Settings.from_env()
         if args.command == "serve":

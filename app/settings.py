@@ -1,4 +1,4 @@
-"""Configuration from the ``TOOLGATE_*`` environment variables (SPEC §2).
+"""Configuration from the ``TOOLGATE_*`` environment variables (docs/configuration.md).
 
 ``Settings`` is built once, validated completely, and passed down; nothing else reads the
 environment. A bad configuration raises ``ConfigError`` with a message fit for an operator.

@@ -2,10 +2,11 @@
 
 Why this exists: toolgate's promises ("runs exactly once", "a denied call never reaches the
 provider", "a timeout is reconciled, not retried blindly") can only be checked from outside
-against providers that honour the SPEC §8 contract -- dedupe on ``Idempotency-Key``, answer
-owner lookups and reconcile queries -- and that can be made to misbehave on demand. Every
-request is recorded and every side effect counted, so tests can assert on both through
-``/_control/stats``. All state is in memory; ``/_control/reset`` restores the seed.
+against providers that honour the provider contract (``docs/providers.md``) -- dedupe on
+``Idempotency-Key``, answer owner lookups and reconcile queries -- and that can be made to
+misbehave on demand. Every request is recorded and every side effect counted, so tests can
+assert on both through ``/_control/stats``. All state is in memory; ``/_control/reset``
+restores the seed.
 
 Run: ``python -m examples.demo_providers --host 127.0.0.1 --port 9100``.
 """

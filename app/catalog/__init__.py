@@ -1,1 +1,1 @@
-"""The tool catalog: YAML parsed once into frozen, compiled models (SPEC §3)."""
+"""The tool catalog: YAML parsed once into frozen, compiled models (docs/catalog.md)."""

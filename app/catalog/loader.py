@@ -1,6 +1,6 @@
 """Validate a catalog completely and compile it, or list every problem with its place.
 
-Everything SPEC §3 says ``toolgate check`` must refuse is refused here, so ``serve`` and
+Everything ``toolgate check`` refuses (docs/catalog.md) is refused here, so ``serve`` and
 ``check`` share one definition of "valid".
 """
 

@@ -1,7 +1,9 @@
 """The catalog file's shape, as pydantic models that forbid unknown keys.
 
 These models describe only what the YAML may say; cross-references, JSON Schema and CEL
-are checked in ``loader`` once the shape is right.
+are checked in ``loader`` once the shape is right. They are also the one source of the
+catalog's published JSON Schema (``json_schema``, ``toolgate catalog-schema``): each field's
+docstring is its description there, which editors show while a catalog is written.
 """
 
 from __future__ import annotations
@@ -16,61 +18,121 @@ Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ProviderSpec(_Spec):
+    """A service toolgate forwards calls to."""
+
     base_url: str = Field(min_length=1)
+    """http(s) URL, percent-encoded, that endpoint paths are appended to; may use ${NAME} or
+    ${NAME:-default} environment references."""
     timeout_s: float = Field(default=5.0, gt=0, le=300)
+    """Seconds a request to this provider may take, connecting included."""
     headers: dict[str, str] = Field(default_factory=dict)
+    """Headers sent with every request to this provider; values may use ${NAME} or
+    ${NAME:-default} environment references."""
     max_response_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1024, le=64 << 20)
     """The longest answer read from this provider; a longer one is not read at all."""
 
 
 class EndpointSpec(_Spec):
+    """One HTTP endpoint of a provider."""
+
     method: Method
     path: str = Field(pattern=r"^/")
+    """Appended to the provider's base_url; a {name} placeholder is a whole path segment."""
 
 
 class ResourceSpec(_Spec):
+    """A kind of record whose owner toolgate looks up at every decision."""
+
     provider: str
+    """The provider that answers owner lookups."""
     owner: EndpointSpec
+    """Owner lookup, with an {id} placeholder; answers {"tenant": ..., "user": ...}."""
 
 
 class ApprovalSpec(_Spec):
+    """Who may approve a high-impact call, and for how long an approval holds."""
+
     approvers: list[str] = Field(min_length=1)
+    """'owner' (the actor may approve their own call) and/or 'role:<name>'."""
     ttl_s: int = Field(default=300, gt=0, le=86400)
+    """Seconds an approval, and a dry-run of this tool, stays valid."""
 
 
 class AccessSpec(_Spec):
+    """Who may use a tool."""
+
     roles: list[str] | None = None
+    """Any one of these roles is enough; absent: any authenticated caller."""
     owner: Literal["tenant", "user"] = "tenant"
+    """Every x-resource argument must belong to the caller's tenant ('tenant') or to the
+    caller's own user ('user')."""
 
 
 class ResultSpec(_Spec):
+    """What of the provider's answer reaches the caller."""
+
     fields: list[str] | None = None
+    """Dotted paths kept from the provider's JSON; absent: everything is kept."""
     redact: list[str] = Field(default_factory=list)
+    """Dotted paths whose values are replaced by "[redacted]"."""
 
 
 class ToolSpec(_Spec):
+    """One tool a model may call."""
+
     description: str = ""
+    """Shown to models in tool listings."""
     mutation: bool
+    """false: the tool only reads; true: it may change durable state."""
     provider: str
     execute: EndpointSpec | None = None
+    """Where an authorized call is sent (required)."""
     dry_run: EndpointSpec | None = None
+    """Previews the effect of a call without performing it."""
     reconcile: EndpointSpec | None = None
+    """Mutations: reports what became of an operation, with an {operation_id} placeholder."""
     require_dry_run: bool = False
+    """Mutations: execute only after an unexpired dry-run of the same arguments."""
     impact: Literal["low", "high"] | None = None
+    """Mutations: 'low' (default) or 'high'; a high-impact call needs an approval."""
     high_impact_when: str | None = None
+    """Mutations: CEL over args and principal; true raises a low-impact call to high."""
     approval: ApprovalSpec | None = None
+    """Mutations: required when the tool can be high impact."""
     access: AccessSpec = Field(default_factory=AccessSpec)
     cost: float = Field(default=0.0, ge=0)
+    """Units charged to a run for each executed call."""
     parameters: dict[str, Any]
+    """JSON Schema (2020-12) of the arguments, type: object; top-level properties may carry
+    x-identity, x-resource, x-egress and x-sensitive."""
     result: ResultSpec = Field(default_factory=ResultSpec)
 
 
 class CatalogSpec(_Spec):
+    """A toolgate catalog: a file, or one of the *.yaml files of a catalog directory."""
+
+    model_config = ConfigDict(title="toolgate catalog")
     version: str = Field(min_length=1)
+    """Required once per catalog: a label; the policy version is this label, '#', and a short
+    hash of the content."""
     providers: dict[str, ProviderSpec] = Field(default_factory=dict)
     resources: dict[str, ResourceSpec] = Field(default_factory=dict)
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (2020-12) of one catalog file. It checks the file's shape (keys, types,
+    ranges); what needs the whole catalog (names that must exist, the JSON Schema and CEL
+    inside a tool, placeholders) is left to ``toolgate check``. ``version`` is not required:
+    of a directory's files, one may carry it for all."""
+    schema = CatalogSpec.model_json_schema()
+    required = [name for name in schema.pop("required", []) if name != "version"]
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **schema,
+        **({"required": required} if required else {}),
+    }
