@@ -28,7 +28,6 @@ from app.auth.tokens import TokenVerifier
 from app.calls import reconciler
 from app.calls import router as calls
 from app.calls import store as calls_store
-from app.calls.gateway import Gateway
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
@@ -75,7 +74,6 @@ async def open_state(settings: Settings) -> AppState:
         settings=settings,
         catalog=catalog,
         db=db,
-        gateway=Gateway(outbound),
         outbound=outbound,
         verifier=verifier,
         locks=locks,

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.auth.tokens import TokenVerifier
-from app.calls.gateway import Gateway
 from app.catalog.models import Catalog
 from app.db import Database
 from app.locks import Locks
 from app.outbound import Outbound
+from app.providers import ProviderClient
 from app.settings import Settings
 
 
@@ -19,7 +19,11 @@ class AppState:
     catalog: Catalog
     """Replaced whole on reload; a request reads it once and keeps that version."""
     db: Database
-    gateway: Gateway
     outbound: Outbound
     verifier: TokenVerifier
     locks: Locks
+    providers: ProviderClient = field(init=False)
+    """Made from ``outbound``: the one HTTP client serves providers and key fetches alike."""
+
+    def __post_init__(self) -> None:
+        self.providers = ProviderClient(self.outbound)

@@ -18,7 +18,7 @@ from app.calls import egress, policy, store
 from app.calls.models import CallRow
 from app.calls.policy import Decision, Facts, PreparedCall
 from app.calls.results import mask_arguments
-from app.catalog.models import Catalog, Tool
+from app.catalog.models import Catalog, Owner, Tool
 from app.db import Connection
 from app.errors import DENIALS, NotFound, ToolgateError, UnknownTool
 from app.runs import service as runs
@@ -128,9 +128,9 @@ async def authorize(state: AppState, attempt: Attempt) -> Decision:
     return policy.decide(attempt.principal, call, facts)
 
 
-async def owners_of(state: AppState, call: PreparedCall) -> list[policy.Owner | None]:
+async def owners_of(state: AppState, call: PreparedCall) -> list[Owner | None]:
     """Each ``x-resource`` argument's owner, asked of its provider now, concurrently."""
-    return await concurrently([state.gateway.owner(r, rid) for _, r, rid in call.resources])
+    return await concurrently([state.providers.owner(r, rid) for _, r, rid in call.resources])
 
 
 async def concurrently(awaitables: list[Awaitable[T]]) -> list[T]:

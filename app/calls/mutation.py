@@ -279,7 +279,7 @@ async def reconcile(state: AppState, attempt: Attempt, record: ExecutionRow) -> 
     if tool.reconcile is None:
         return None
     try:
-        response = await state.gateway.call(
+        response = await state.providers.call(
             tool.provider,
             tool.reconcile,
             {"operation_id": record.operation_id},
@@ -310,7 +310,7 @@ async def _send(
     assert tool is not None
     assert call is not None
     try:
-        response = await state.gateway.call(
+        response = await state.providers.call(
             tool.provider,
             tool.execute,
             call.arguments,

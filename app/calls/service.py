@@ -145,7 +145,7 @@ async def _read(
         if refusal is not None:
             raise refusal
     try:
-        response = await state.gateway.call(
+        response = await state.providers.call(
             tool.provider, tool.execute, call.arguments, attempt.principal, call_id
         )
     except NotSent as exc:
@@ -227,7 +227,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
     assert tool is not None
     assert tool.dry_run is not None
     try:
-        response = await state.gateway.call(
+        response = await state.providers.call(
             tool.provider, tool.dry_run, call.arguments, principal, existing.id
         )
     except NotSent as exc:
