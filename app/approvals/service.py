@@ -17,7 +17,7 @@ from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import policy
 from app.calls import store as calls
-from app.calls.decisions import owners_of
+from app.calls.authorization import owners_of
 from app.calls.models import STARTED, CallRow, DryRunRow
 from app.calls.results import mask_arguments
 from app.catalog.models import Tool
