@@ -35,6 +35,7 @@ from app.deps import malformed, plain_parameters
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.outbound import Outbound
+from app.providers import ProviderClient
 from app.responses import JSON, problem
 from app.runs import router as runs
 from app.settings import ConfigError, Settings
@@ -74,6 +75,7 @@ async def open_state(settings: Settings) -> AppState:
         settings=settings,
         catalog=catalog,
         db=db,
+        providers=ProviderClient(outbound),
         outbound=outbound,
         verifier=verifier,
         locks=locks,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.auth.tokens import TokenVerifier
 from app.catalog.models import Catalog
@@ -19,11 +19,7 @@ class AppState:
     catalog: Catalog
     """Replaced whole on reload; a request reads it once and keeps that version."""
     db: Database
+    providers: ProviderClient
     outbound: Outbound
     verifier: TokenVerifier
     locks: Locks
-    providers: ProviderClient = field(init=False)
-    """Made from ``outbound``: the one HTTP client serves providers and key fetches alike."""
-
-    def __post_init__(self) -> None:
-        self.providers = ProviderClient(self.outbound)

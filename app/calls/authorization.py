@@ -14,7 +14,7 @@ from app.auth.principal import Principal
 from app.calls import egress, policy, store
 from app.calls.models import Authorized, CallRow, Request
 from app.calls.policy import Facts, PreparedCall
-from app.calls.recording import record_denial
+from app.calls.recording import write_denial
 from app.catalog.models import Owner
 from app.errors import DENIALS, NotFound, ToolgateError, UnknownTool
 from app.runs import service as runs
@@ -38,9 +38,10 @@ async def authorize(
         decision = policy.decide(request.principal, call, await facts_of(state, call))
     except ToolgateError as error:
         if error.code in DENIALS:
-            await record_denial(
-                state, request, call, call_id, error, new_call=existing is None, deny_call=True
-            )
+            async with state.db.transaction() as conn:
+                await write_denial(
+                    conn, request, call, call_id, error, new_call=existing is None, deny_call=True
+                )
         raise
     return Authorized(request, call, decision)
 

@@ -29,18 +29,9 @@ from app import telemetry
 from app.approvals import store as approvals
 from app.approvals.models import ApprovalRow
 from app.audit.store import AuditEvent, append
-from app.calls import gates, store
+from app.calls import gates, recording, store
 from app.calls.models import Answer, Authorized, CallRow, ExecutionRow, Request
 from app.calls.policy import PreparedCall
-from app.calls.recording import (
-    admit_to_run,
-    audit_event,
-    authorized_by,
-    call_row,
-    record_denial,
-    record_run_outcome,
-    write_denial,
-)
 from app.calls.results import classify, result_body
 from app.catalog.models import Tool
 from app.errors import (
@@ -139,7 +130,7 @@ class OpenExecution:
         )
         audit = self._event(
             event,
-            authorized_by=authorized_by(request),
+            authorized_by=recording.authorized_by(request),
             outcome={
                 "status": status,
                 "provider_status": response.status,
@@ -157,7 +148,9 @@ class OpenExecution:
                 async with self.state.db.transaction() as conn:
                     changed = await store.finish(conn, *args)
                     if changed:
-                        await record_run_outcome(conn, request, self.call, status, answer["result"])
+                        await recording.record_run_outcome(
+                            conn, request, self.call, status, answer["result"]
+                        )
             if not changed:  # another worker (whose lock had lapsed) recorded it first
                 async with self.state.db.connection() as conn:
                     first = await store.get_execution(
@@ -196,7 +189,9 @@ class OpenExecution:
                     conn, record.operation_id, "unknown", provider_status, None, event
                 )
                 if changed:
-                    await record_run_outcome(conn, self.request, self.call, "unknown", None)
+                    await recording.record_run_outcome(
+                        conn, self.request, self.call, "unknown", None
+                    )
         except Unavailable:
             self._unrecorded("unknown")
             return
@@ -212,7 +207,7 @@ class OpenExecution:
         )
 
     def _event(self, event: str, **fields: Any) -> AuditEvent:
-        return audit_event(
+        return recording.audit_event(
             self.request,
             self.call,
             event,
@@ -282,7 +277,7 @@ class Execution:
         the usual case, costs no read of its record."""
         authorized = self.authorized
         record = self._new_record(new_id("call"), None)
-        row = call_row(
+        row = recording.call_row(
             authorized.request,
             authorized.call,
             record.call_id,
@@ -336,7 +331,7 @@ class Execution:
         async with self.state.db.transaction() as conn:
             await append(
                 conn,
-                audit_event(
+                recording.audit_event(
                     authorized.request,
                     authorized.call,
                     "replayed",
@@ -371,29 +366,34 @@ class Execution:
                 raise InvalidRequest("call_id names a call with another tool, target or arguments")
         except ToolgateError as error:
             if error.status in (403, 409):
-                await record_denial(
-                    self.state,
-                    request,
-                    call,
-                    call_id or new_id("call"),
-                    error,
-                    new_call=call_id is None,
-                    deny_call=False,
-                    event="expired" if error.code == "approval_expired" else "denied",
-                )
+                async with self.state.db.transaction() as conn:
+                    await recording.write_denial(
+                        conn,
+                        request,
+                        call,
+                        call_id or new_id("call"),
+                        error,
+                        new_call=call_id is None,
+                        deny_call=False,
+                        event="expired" if error.code == "approval_expired" else "denied",
+                    )
             raise
         call_id = call_id or new_id("call")
         record = self._new_record(call_id, approval.id if approval else None)
         new_call = existing is None and approval is None
         async with self.state.db.transaction() as conn:
-            refusal = await admit_to_run(conn, authorized, new_call=new_call, cost=tool.cost)
+            refusal = await recording.admit_to_run(
+                conn, authorized, new_call=new_call, cost=tool.cost
+            )
             if refusal is not None:
-                await write_denial(
+                await recording.write_denial(
                     conn, request, call, call_id, refusal, new_call=new_call, deny_call=False
                 )
             else:
                 if new_call:
-                    row = call_row(request, call, call_id, authorized.decision, None, "executing")
+                    row = recording.call_row(
+                        request, call, call_id, authorized.decision, None, "executing"
+                    )
                     claimed = await store.claim(conn, record, row)
                 else:
                     await store.set_state(conn, call_id, "executing")
@@ -467,7 +467,7 @@ class Execution:
             )
             await append(
                 conn,
-                audit_event(
+                recording.audit_event(
                     authorized.request,
                     authorized.call,
                     "failed",

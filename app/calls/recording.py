@@ -19,7 +19,6 @@ from app.calls.results import mask_arguments
 from app.db import Connection
 from app.errors import ToolgateError
 from app.runs import service as runs
-from app.state import AppState
 
 PROPOSED_BY = "model"
 
@@ -96,25 +95,6 @@ def audit_event(
     )
 
 
-async def record_denial(
-    state: AppState,
-    request: Request,
-    call: PreparedCall | None,
-    call_id: str,
-    error: ToolgateError,
-    *,
-    new_call: bool,
-    deny_call: bool,
-    event: str = "denied",
-) -> None:
-    """Store a denial with its audit row, in a transaction of its own; ``deny_call`` also
-    marks an existing call denied."""
-    async with state.db.transaction() as conn:
-        await write_denial(
-            conn, request, call, call_id, error, new_call=new_call, deny_call=deny_call, event=event
-        )
-
-
 async def write_denial(
     conn: Connection,
     request: Request,
@@ -126,8 +106,9 @@ async def write_denial(
     deny_call: bool,
     event: str = "denied",
 ) -> None:
-    """``record_denial`` inside the caller's transaction. A new denied call still counts
-    against its run: a loop of refused calls is a loop too."""
+    """Store a denial with its audit row, in the caller's transaction; ``deny_call`` also
+    marks an existing call denied. A new denied call still counts against its run: a loop
+    of refused calls is a loop too."""
     error.extra["call_id"] = call_id
     audit = audit_event(
         request, call, event, call_id, decision="deny", code=error.code, reason=error.detail
