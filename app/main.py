@@ -28,7 +28,6 @@ from app.auth.tokens import TokenVerifier
 from app.calls import reconciler
 from app.calls import router as calls
 from app.calls import store as calls_store
-from app.calls.gateway import Gateway
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
 from app.db import Database, pending_migrations
@@ -36,6 +35,7 @@ from app.deps import malformed, plain_parameters
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.outbound import Outbound
+from app.providers import ProviderClient
 from app.responses import JSON, problem
 from app.runs import router as runs
 from app.settings import ConfigError, Settings
@@ -75,7 +75,7 @@ async def open_state(settings: Settings) -> AppState:
         settings=settings,
         catalog=catalog,
         db=db,
-        gateway=Gateway(outbound),
+        providers=ProviderClient(outbound),
         outbound=outbound,
         verifier=verifier,
         locks=locks,

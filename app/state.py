@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.auth.tokens import TokenVerifier
-from app.calls.gateway import Gateway
 from app.catalog.models import Catalog
 from app.db import Database
 from app.locks import Locks
 from app.outbound import Outbound
+from app.providers import ProviderClient
 from app.settings import Settings
 
 
@@ -19,7 +19,7 @@ class AppState:
     catalog: Catalog
     """Replaced whole on reload; a request reads it once and keeps that version."""
     db: Database
-    gateway: Gateway
+    providers: ProviderClient
     outbound: Outbound
     verifier: TokenVerifier
     locks: Locks

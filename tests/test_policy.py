@@ -8,8 +8,8 @@ import pytest
 
 from app.auth.principal import Principal
 from app.calls import policy
-from app.calls.policy import Facts, Owner
-from app.catalog.models import Catalog
+from app.calls.policy import Facts
+from app.catalog.models import Catalog, Owner
 from app.errors import IdentitySpoof, InvalidArguments, ToolForbidden
 from tests.catalogs import small_catalog
 

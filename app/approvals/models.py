@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -101,3 +101,29 @@ class ApprovalRow:
             self.fingerprint,
             self.snapshot_hash,
         )
+
+
+@dataclass(frozen=True)
+class InboxRow:
+    """One approval request as an approver's inbox lists it: the call, its latest preview,
+    and where the request stands (``pending``, ``approved``, ``rejected``, ``expired``)."""
+
+    call_id: str
+    tool: str
+    actor: str
+    tenant: str
+    target_type: str | None
+    target_id: str | None
+    arguments: dict[str, Any] | None
+    impact: str | None
+    snapshot: Any
+    snapshot_hash: str | None
+    requested_at: datetime
+    expires_at: datetime | None
+    status: str
+
+    @property
+    def target(self) -> dict[str, str] | None:
+        if self.target_type is None or self.target_id is None:
+            return None
+        return {"type": self.target_type, "id": self.target_id}

@@ -17,7 +17,7 @@ from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import policy
 from app.calls import store as calls
-from app.calls.decisions import owners_of
+from app.calls.authorization import owners_of
 from app.calls.models import STARTED, CallRow, DryRunRow
 from app.calls.results import mask_arguments
 from app.catalog.models import Tool
@@ -211,34 +211,30 @@ async def inbox(
         rows = await store.inbox(conn, principal.tenant, status, before, PAGE_SIZE)
     items = []
     for row in rows:
-        tool = state.catalog.tools.get(row["tool"])
+        tool = state.catalog.tools.get(row.tool)
         if tool is None or tool.approval is None:
             continue
-        if not policy.may_approve(principal, row["actor"], row["tenant"], tool.approval.approvers):
+        if not policy.may_approve(principal, row.actor, row.tenant, tool.approval.approvers):
             continue
         items.append(
             {
-                "call_id": row["id"],
-                "tool": row["tool"],
-                "actor": row["actor"],
-                "target": (
-                    {"type": row["target_type"], "id": row["target_id"]}
-                    if row["target_type"] is not None
-                    else None
-                ),
-                "arguments": mask_arguments(row["arguments"], tool.sensitive_args),
-                "impact": row["impact"],
-                "snapshot": row["snapshot"],
-                "snapshot_hash": row["snapshot_hash"],
-                "requested_at": row["requested_at"].isoformat(),
-                "expires_at": row["expires_at"].isoformat() if row["expires_at"] else None,
-                "status": row["status"],
+                "call_id": row.call_id,
+                "tool": row.tool,
+                "actor": row.actor,
+                "target": row.target,
+                "arguments": mask_arguments(row.arguments, tool.sensitive_args),
+                "impact": row.impact,
+                "snapshot": row.snapshot,
+                "snapshot_hash": row.snapshot_hash,
+                "requested_at": row.requested_at.isoformat(),
+                "expires_at": row.expires_at.isoformat() if row.expires_at else None,
+                "status": row.status,
             }
         )
     last = rows[-1] if len(rows) == PAGE_SIZE else None
     return {
         "items": items,
         "next_cursor": (
-            cursors.encode(last["requested_at"].isoformat(), last["id"]) if last else None
+            cursors.encode(last.requested_at.isoformat(), last.call_id) if last else None
         ),
     }

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
-from app.approvals.models import ApprovalRow
+from app.approvals.models import ApprovalRow, InboxRow
 from app.db import Connection, Insert
 
 _INSERT = Insert.of("approvals", ApprovalRow, ["created_at"])
@@ -105,11 +104,13 @@ _INBOX = {
 
 async def inbox(
     conn: Connection, tenant: str, status: str, before: tuple[datetime, str] | None, limit: int
-) -> list[dict[str, Any]]:
+) -> list[InboxRow]:
     """One page of the tenant's approval requests in ``status``, newest first."""
     rows = await conn.fetch(
         f"""
-        SELECT * FROM ({_INBOX[status]}) page
+        SELECT id, tool, actor, tenant, target_type, target_id, arguments, impact, snapshot,
+               snapshot_hash, requested_at, expires_at, status
+        FROM ({_INBOX[status]}) page
         WHERE $2::timestamptz IS NULL OR (requested_at, id) < ($2, $3)
         ORDER BY requested_at DESC, id DESC LIMIT $4
         """,
@@ -118,7 +119,7 @@ async def inbox(
         before[1] if before else "",
         limit,
     )
-    return [dict(r) for r in rows]
+    return [InboxRow(*r) for r in rows]
 
 
 async def of_call(conn: Connection, call_id: str) -> list[ApprovalRow]:

@@ -68,13 +68,6 @@ async def append_after(
     return bool(status.endswith(" 1"))
 
 
-async def of_call(conn: Connection, call_id: str) -> list[Record]:
-    """One call's audit rows, oldest first (GET /calls/{id})."""
-    return list(
-        await conn.fetch("SELECT * FROM audit_events WHERE call_id = $1 ORDER BY seq", call_id)
-    )
-
-
 # Reading and sealing. A transaction that touches several audit tables reads
 # ``audit_events`` first: TRUNCATE locks it before ``audit_chain``/``audit_gaps``, so the
 # same order on both sides cannot deadlock.
@@ -87,6 +80,12 @@ SEALER_LOCK = 74202
 
 def _row(record: Record) -> AuditRow:
     return AuditRow(*record)
+
+
+async def of_call(conn: Connection, call_id: str) -> list[AuditRow]:
+    """One call's audit rows, oldest first (GET /calls/{id})."""
+    sql = f"SELECT {_ROW} FROM audit_events WHERE call_id = $1 ORDER BY seq"
+    return [_row(r) for r in await conn.fetch(sql, call_id)]
 
 
 async def page(

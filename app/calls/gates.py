@@ -9,9 +9,7 @@ from datetime import UTC, datetime
 from app.approvals import store as approvals
 from app.approvals.models import ApprovalRow, Binding
 from app.calls import store
-from app.calls.decisions import Attempt
-from app.calls.models import DryRunRow, ExecuteBody
-from app.calls.policy import PreparedCall
+from app.calls.models import Authorized, DryRunRow
 from app.errors import (
     ApprovalConsumed,
     ApprovalExpired,
@@ -23,26 +21,32 @@ from app.errors import (
 from app.state import AppState
 
 
-async def valid_approval(state: AppState, attempt: Attempt, body: ExecuteBody) -> ApprovalRow:
-    """The named approval, if it is approved, unexpired, unused and bound to this request."""
-    call, principal = attempt.call, attempt.principal
-    assert call is not None
-    if body.approval_id is None:
+async def valid_approval(
+    state: AppState,
+    authorized: Authorized,
+    approval_id: str | None,
+    call_id: str | None,
+    dry_run_id: str | None,
+) -> ApprovalRow:
+    """The approval ``approval_id``, if it is approved, unexpired, unused and bound to this
+    request (and to ``call_id``, when the request names its call)."""
+    call, principal = authorized.call, authorized.principal
+    if approval_id is None:
         raise ApprovalRequired("this call is high impact and needs an approval_id")
     async with state.db.connection() as conn:
-        approval = await approvals.get(conn, body.approval_id)
+        approval = await approvals.get(conn, approval_id)
         dry_run = await store.dry_run_for(
-            conn, principal.tenant, principal.sub, call.fingerprint, body.dry_run_id
+            conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
         )
     if approval is None or approval.tenant != principal.tenant:
         raise ApprovalRequired("no such approval")
-    if body.call_id not in (None, approval.call_id):
+    if call_id not in (None, approval.call_id):
         raise ApprovalRequired("the approval was given for another call")
     if approval.decision == "reject":
         raise ApprovalRejected("the approver rejected this call")
     if approval.expires_at <= datetime.now(UTC):
         raise ApprovalExpired("the approval has expired")
-    mismatch = approval.binding.differences(binding(attempt, call, dry_run))
+    mismatch = approval.binding.differences(binding(authorized, dry_run))
     if mismatch:
         raise ApprovalMismatch(
             "the approval was given for something else: " + ", ".join(mismatch),
@@ -55,23 +59,23 @@ async def valid_approval(state: AppState, attempt: Attempt, body: ExecuteBody) -
     return approval
 
 
-def binding(attempt: Attempt, call: PreparedCall, dry_run: DryRunRow | None) -> Binding:
+def binding(authorized: Authorized, dry_run: DryRunRow | None) -> Binding:
+    call, principal = authorized.call, authorized.principal
     tool = call.tool
     snapshot_hash = dry_run.snapshot_hash if tool.dry_run and dry_run is not None else None
     return Binding(
-        actor=attempt.principal.sub,
-        tenant=attempt.principal.tenant,
+        actor=principal.sub,
+        tenant=principal.tenant,
         tool=tool.name,
         target=call.target.as_dict() if call.target else None,
-        policy_version=attempt.catalog.policy_version,
+        policy_version=authorized.catalog.policy_version,
         fingerprint=call.fingerprint,
         snapshot_hash=snapshot_hash,
     )
 
 
-async def require_dry_run(state: AppState, attempt: Attempt, dry_run_id: str | None) -> None:
-    call, principal = attempt.call, attempt.principal
-    assert call is not None
+async def require_dry_run(state: AppState, authorized: Authorized, dry_run_id: str | None) -> None:
+    call, principal = authorized.call, authorized.principal
     async with state.db.connection() as conn:
         dry_run = await store.dry_run_for(
             conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id

@@ -7,6 +7,7 @@ for everyone: the history is a listing.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from app.approvals import store as approvals
@@ -71,18 +72,18 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         },
         "decisions": [
             {
-                "seq": e["seq"],
-                "at": e["at"].isoformat(),
-                "event": e["event"],
-                "decision": e["decision"],
-                "code": e["code"],
-                "reason": e["reason"],
-                "policy_version": e["policy_version"],
-                "approval_id": e["approval_id"],
-                "authorized_by": e["authorized_by"],
-                "outcome": e["outcome"],
-                "total_ms": e["total_ms"],
-                "provider_ms": e["provider_ms"],
+                "seq": e.seq,
+                "at": e.at.isoformat(),
+                "event": e.event,
+                "decision": e.decision,
+                "code": e.code,
+                "reason": e.reason,
+                "policy_version": e.policy_version,
+                "approval_id": e.approval_id,
+                "authorized_by": e.authorized_by,
+                "outcome": e.outcome,
+                "total_ms": e.total_ms,
+                "provider_ms": e.provider_ms,
             }
             for e in events
         ],
@@ -125,11 +126,11 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "timings": {
             "created_at": _time(call.created_at),
             "updated_at": _time(call.updated_at),
-            "decision_ms": next((e["total_ms"] for e in events), None),
-            "provider_ms": sum(e["provider_ms"] or 0.0 for e in events),
+            "decision_ms": next((e.total_ms for e in events), None),
+            "provider_ms": sum(e.provider_ms or 0.0 for e in events),
         },
     }
 
 
-def _time(value: Any) -> str | None:
+def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None

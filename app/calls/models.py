@@ -1,14 +1,21 @@
-"""Request bodies (unknown fields refused) and the stored call."""
+"""A call's request bodies (unknown fields refused), the request as authorization sees it and
+what it returns, the answer of /execute, and the stored rows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pydantic import Field
 
+from app.auth.principal import Principal
 from app.bodies import Body, JsonObject, Text
+from app.calls.policy import Decision, PreparedCall
+from app.catalog.models import Catalog, Tool
+from app.errors import IdempotencyKeyInvalid, IdempotencyKeyMissing
 
 
 class ProposeBody(Body):
@@ -26,6 +33,103 @@ class ExecuteBody(Body):
     dry_run_id: Text | None = Field(default=None, max_length=200)
     call_id: Text | None = Field(default=None, max_length=200)
     run_id: Text | None = Field(default=None, max_length=200)
+
+
+_KEY = re.compile(r'"([A-Za-z0-9_-]{16,255})"|([A-Za-z0-9_-]{16,255})')
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyKey:
+    """The ``Idempotency-Key`` header, parsed where the request arrives: 16-255 of
+    ``[A-Za-z0-9_-]``, bare or as a quoted sf-string. Only a mutation needs one, and only once
+    it is authorized (a denial is answered first), so a missing or malformed header is kept
+    as such and refused by ``required`` then."""
+
+    value: str | None
+    """The key; ``None`` when the header is missing or malformed."""
+    given: bool
+
+    @classmethod
+    def parse(cls, header: str | None) -> IdempotencyKey:
+        text = header.strip() if header is not None else ""
+        match = _KEY.fullmatch(text)
+        return cls((match.group(1) or match.group(2)) if match else None, bool(text))
+
+    def required(self) -> str:
+        if self.value is not None:
+            return self.value
+        if not self.given:
+            raise IdempotencyKeyMissing("a mutation needs an Idempotency-Key header")
+        raise IdempotencyKeyInvalid("Idempotency-Key must be 16-255 characters of [A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one request asks of a call, with the catalog it is decided under. The app's
+    catalog is read once, here: a reload while the request waits on a provider does not
+    change the policy version it records."""
+
+    principal: Principal
+    catalog: Catalog
+    tool_name: str
+    tool: Tool | None
+    """The catalog's tool of that name; ``None`` is an unknown tool, denied."""
+    raw_arguments: Any
+    run_id: str | None
+    tool_call_id: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def under(
+        cls,
+        catalog: Catalog,
+        principal: Principal,
+        tool_name: str,
+        raw_arguments: Any,
+        run_id: str | None,
+        tool_call_id: str | None = None,
+    ) -> Request:
+        tool = catalog.tools.get(tool_name)
+        return cls(principal, catalog, tool_name, tool, raw_arguments, run_id, tool_call_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Authorized:
+    """A request that passed authorization: what the rest of its path takes. Only
+    ``authorization.authorize`` makes one; anything that sends a call to its provider needs
+    one (the background reconciler, which has no verified token, never has one)."""
+
+    request: Request
+    call: PreparedCall
+    decision: Decision
+
+    @property
+    def principal(self) -> Principal:
+        return self.request.principal
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.request.catalog
+
+    @property
+    def tool(self) -> Tool:
+        return self.call.tool
+
+    @property
+    def tool_name(self) -> str:
+        return self.call.tool.name
+
+    @property
+    def run_id(self) -> str | None:
+        return self.request.run_id
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An /execute answer: the body, plus headers such as ``Idempotent-Replayed``."""
+
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 # A call's life (``calls.state``): proposed → previewed | awaiting_approval → approved |

@@ -14,13 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 import rfc8785
 
 from app import recordable
 from app.auth.principal import Principal
 from app.canonical import SAFE_INTEGER, digest
-from app.catalog.models import Impact, Resource, Tool
+from app.catalog.models import Impact, Owner, Resource, Tool, argument_text
 from app.errors import IdentitySpoof, InvalidArguments, ToolForbidden
 
 Next = Literal["execute", "dry_run", "approval"]
@@ -34,12 +33,6 @@ class Target:
 
     def as_dict(self) -> dict[str, str]:
         return {"type": self.type, "id": self.id}
-
-
-@dataclass(frozen=True)
-class Owner:
-    tenant: str
-    user: str | None
 
 
 @dataclass(frozen=True)
@@ -146,13 +139,6 @@ def _resource_ids(
     if errors:
         raise InvalidArguments("arguments do not name resources", errors=errors)
     return tuple(resources)
-
-
-def argument_text(value: Any) -> str:
-    """An argument as it is written into a URL: a string as is, anything else as JSON."""
-    if isinstance(value, str):
-        return value
-    return orjson.dumps(value).decode()
 
 
 _NOT_IN_A_SEGMENT = re.compile(r"[/\\\x00-\x1f\x7f-\x9f]")

@@ -11,13 +11,14 @@ that may have happened. A pass every ``EVERY_S`` asks the provider about such re
   then. Each record is also taken under the same Redis lock a request on its key holds, so
   a pass never races a client's retry (a key being worked on is skipped).
 - **Ask, never re-send.** An answer of the tool's ``reconcile`` endpoint finishes the record
-  through the same code as a client's retry (``mutation.reconcile``): the stored response is
+  through the same code as a client's retry (``OpenExecution.ask``): the stored response is
   the one a replay returns, with its ``reconciled`` audit row. A stale ``in_flight`` record
   that gets no finished answer becomes ``unknown``, with its audit row. One the provider
   never saw (404), or whose tool has no reconcile endpoint, stays open for the client's
   retry, which re-sends with the same operation id: a send must be authorized by a request
   carrying the actor's token, re-checked from scratch (roles, ownership, egress), and must
-  be wanted by a client still waiting for it; the background has neither.
+  be wanted by a client still waiting for it; the background has neither. So it builds an
+  ``OpenExecution``, which can ask and finish but has no way to send.
 - **One pass at a time across instances.** A session advisory lock taken on a connection
   held for the pass and released explicitly at its end; that connection holds no
   transaction, and each record is written in short transactions of its own, so nothing is
@@ -31,12 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from app.auth.principal import Principal
 from app.calls import mutation, store
-from app.calls.decisions import Attempt
-from app.calls.models import CallRow, ExecutionRow
+from app.calls.models import CallRow, ExecutionRow, Request
+from app.calls.mutation import OpenExecution
 from app.calls.policy import PreparedCall, Target
 from app.catalog.models import Catalog, Tool
 from app.errors import ProviderTimeout, Unavailable
@@ -102,35 +102,33 @@ async def _resolve(state: AppState, catalog: Catalog, record: ExecutionRow) -> N
             return
         if current.state in mutation.FINISHED:  # finished since the batch was read
             return
-        attempt = _attempt(catalog, tool, current, call)
+        opened = _opened(state, catalog, tool, current, call)
         try:
-            if await mutation.reconcile(state, attempt, current) is not None:
+            if await opened.ask() is not None:
                 return
         except ProviderTimeout:
             pass  # no usable answer
         if current.state == "in_flight":  # audited once; its updated_at moves with it
-            await mutation.mark_unknown(state, attempt, current)
+            await opened.mark_unknown()
         else:
             async with state.db.connection() as conn:
                 await store.postpone(conn, current.operation_id)
 
 
-def _attempt(catalog: Catalog, tool: Tool, record: ExecutionRow, call: CallRow) -> Attempt:
-    """The original request, as far as storing its outcome needs it: the record's actor and
-    tenant (the identity the provider is told), its stored arguments, fingerprint, target
-    and run. Nothing is re-authorized: nothing is sent but the reconcile query."""
+def _opened(
+    state: AppState, catalog: Catalog, tool: Tool, record: ExecutionRow, call: CallRow
+) -> OpenExecution:
+    """The open record with the original request, as far as storing its outcome needs it:
+    the record's actor and tenant (the identity the provider is told), its stored arguments,
+    fingerprint, target and run. Nothing is re-authorized: nothing is sent but the
+    reconcile query."""
     target = None
     if record.target_type is not None and record.target_id is not None:
         target = Target(record.target_type, record.target_id)
     arguments = call.arguments or {}
-    return Attempt(
-        principal=Principal(sub=record.actor, tenant=record.tenant, roles=frozenset()),
-        catalog=catalog,
-        tool_name=record.tool,
-        raw_arguments=arguments,
-        run_id=call.run_id,
-        tool_call_id=call.tool_call_id,
-        started=time.perf_counter(),
-        tool=tool,
-        call=PreparedCall(tool, arguments, record.fingerprint, target, (), ()),
+    principal = Principal(sub=record.actor, tenant=record.tenant, roles=frozenset())
+    request = Request(
+        principal, catalog, record.tool, tool, arguments, call.run_id, call.tool_call_id
     )
+    prepared = PreparedCall(tool, arguments, record.fingerprint, target, (), ())
+    return OpenExecution(state, request, prepared, record)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from app.calls import history, service
-from app.calls.models import DryRunBody, ExecuteBody, ProposeBody
+from app.calls.models import DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
 from app.deps import CurrentPrincipal, State, authenticate, read_body, state_of
 from app.responses import JSON
 
@@ -31,7 +31,7 @@ async def dry_run(request: Request) -> JSON:
 async def execute(request: Request) -> JSON:
     principal = await authenticate(request)
     body = await read_body(request, ExecuteBody)
-    key = request.headers.get("idempotency-key")
+    key = IdempotencyKey.parse(request.headers.get("idempotency-key"))
     outcome = await service.execute(state_of(request), principal, body, key)
     return JSON(outcome.body, headers=outcome.headers)
 

@@ -1,39 +1,46 @@
 """Use cases for tool calls: propose, dry-run, and execute (reads here, mutations in
-``mutation``)."""
+``mutation``). Each reads the app's catalog once, into its ``Request``.
+
+Where a call's change is written: without a run, the change and its audit row are one
+statement (``store.*_with_audit``), atomic by itself, on a plain connection (a transaction
+would add BEGIN and COMMIT round trips to the hot path); with a run, its counters change
+too, in one transaction.
+"""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app import telemetry
-from app.audit.store import append
+from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import mutation, store
-from app.calls.decisions import (
-    PROPOSED_BY,
-    Attempt,
-    admit_to_run,
-    check_run,
-    decide_or_record_denial,
-    record_run_outcome,
-    visible_call,
-    write_denial,
-    writing,
-)
+from app.calls.authorization import authorize, check_run, visible_call
 from app.calls.models import (
     SETTLED,
+    Answer,
+    Authorized,
     CallRow,
     DryRunBody,
     DryRunRow,
     ExecuteBody,
+    IdempotencyKey,
     ProposeBody,
+    Request,
 )
-from app.calls.policy import Decision
+from app.calls.recording import (
+    PROPOSED_BY,
+    admit_to_run,
+    audit_event,
+    authorized_by,
+    call_row,
+    record_run_outcome,
+    write_denial,
+)
 from app.calls.results import classify, result_body
 from app.canonical import digest
+from app.db import Connection
 from app.errors import InvalidRequest, ProviderTimeout, ProviderUnavailable
 from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
@@ -44,37 +51,39 @@ TOO_LARGE = "the provider's response is too large"
 
 
 async def propose(state: AppState, principal: Principal, body: ProposeBody) -> dict[str, Any]:
-    attempt = Attempt(
-        principal=principal,
-        catalog=state.catalog,
-        tool_name=body.tool,
-        raw_arguments=body.arguments,
-        run_id=body.run_id,
-        tool_call_id=body.tool_call_id,
-        started=time.perf_counter(),
+    request = Request.under(
+        state.catalog, principal, body.tool, body.arguments, body.run_id, body.tool_call_id
     )
     await check_run(state, principal, body.run_id)
     call_id = new_id("call")
-    decision = await decide_or_record_denial(state, attempt, call_id, None)
-    row = attempt.row(call_id, decision, None)
-    if decision.next == "approval":
-        row = replace(row, state="awaiting_approval")
-    event = attempt.event(
+    authorized = await authorize(state, request, call_id, None)
+    call, decision = authorized.call, authorized.decision
+    awaiting = "awaiting_approval" if decision.next == "approval" else None
+    row = call_row(request, call, call_id, decision, None, awaiting)
+    event = audit_event(
+        request,
+        call,
         "proposed",
         call_id,
         decision="allow",
         reason=f"next: {decision.next}",
         authorized_by=row.authorized_by,
     )
-    async with writing(state, attempt) as conn:
-        refusal = await admit_to_run(conn, attempt, new_call=True, cost=0.0)
-        if refusal is not None:
-            await write_denial(conn, attempt, call_id, refusal, new_call=True, deny_call=False)
-        else:
+    if request.run_id is None:
+        async with state.db.connection() as conn:
             await store.insert_with_audit(conn, row, event)
-    if refusal is not None:
-        raise refusal
-    telemetry.decided(attempt, call_id)
+    else:
+        async with state.db.transaction() as conn:
+            refusal = await admit_to_run(conn, authorized, new_call=True, cost=0.0)
+            if refusal is not None:
+                await write_denial(
+                    conn, request, call, call_id, refusal, new_call=True, deny_call=False
+                )
+            else:
+                await store.insert_with_audit(conn, row, event)
+        if refusal is not None:
+            raise refusal
+    telemetry.decided(authorized, call_id)
     return {
         "call_id": call_id,
         "tool": row.tool,
@@ -91,78 +100,71 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
     }
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """An execute answer: the body, plus headers such as ``Idempotent-Replayed``."""
-
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-
-
 async def execute(
-    state: AppState, principal: Principal, body: ExecuteBody, idempotency_key: str | None
-) -> Outcome:
+    state: AppState, principal: Principal, body: ExecuteBody, key: IdempotencyKey
+) -> Answer:
     """Run a call now, re-authorized from scratch: reads here, mutations exactly once."""
     existing = await visible_call(state, principal, body.call_id) if body.call_id else None
     if existing is not None and body.run_id not in (None, existing.run_id):
         raise InvalidRequest("run_id differs from the run of call_id")
-    attempt = Attempt(
-        principal=principal,
-        catalog=state.catalog,
-        tool_name=body.tool,
-        raw_arguments=body.arguments,
-        run_id=body.run_id or (existing.run_id if existing else None),
-        started=time.perf_counter(),
-    )
-    await check_run(state, principal, attempt.run_id)
+    run_id = body.run_id or (existing.run_id if existing else None)
+    request = Request.under(state.catalog, principal, body.tool, body.arguments, run_id)
+    await check_run(state, principal, run_id)
     call_id = existing.id if existing else new_id("call")
-    decision = await decide_or_record_denial(state, attempt, call_id, existing)
-    if attempt.tool is not None and attempt.tool.mutation:
-        return Outcome(
-            *await mutation.execute(state, attempt, decision, body, existing, idempotency_key)
+    authorized = await authorize(state, request, call_id, existing)
+    if authorized.tool.mutation:
+        execution = mutation.Execution(
+            state, authorized, key.required(), existing, body.approval_id, body.dry_run_id
         )
-    return Outcome(await _read(state, attempt, decision, existing, call_id))
+        return await execution.run()
+    return Answer(await _read(state, authorized, existing, call_id))
 
 
 async def _read(
-    state: AppState, attempt: Attempt, decision: Decision, existing: CallRow | None, call_id: str
+    state: AppState, authorized: Authorized, existing: CallRow | None, call_id: str
 ) -> dict[str, Any]:
-    call, tool = attempt.call, attempt.tool
-    assert call is not None
-    assert tool is not None
+    request, call, tool = authorized.request, authorized.call, authorized.tool
     if existing is not None and (existing.tool, existing.fingerprint) != (
         tool.name,
         call.fingerprint,
     ):
         raise InvalidRequest("call_id names a call with another tool, target or arguments")
-    if attempt.run_id is not None:
+    if request.run_id is not None:
         async with state.db.transaction() as conn:
-            refusal = await admit_to_run(conn, attempt, new_call=existing is None, cost=tool.cost)
+            refusal = await admit_to_run(
+                conn, authorized, new_call=existing is None, cost=tool.cost
+            )
             if refusal is not None:
                 await write_denial(
-                    conn, attempt, call_id, refusal, new_call=existing is None, deny_call=False
+                    conn,
+                    request,
+                    call,
+                    call_id,
+                    refusal,
+                    new_call=existing is None,
+                    deny_call=False,
                 )
         if refusal is not None:
             raise refusal
     try:
-        response = await state.gateway.call(
-            tool.provider, tool.execute, call.arguments, attempt.principal, call_id
+        response = await state.providers.call(
+            tool.provider, tool.execute, call.arguments, request.principal, call_id
         )
     except NotSent as exc:
-        await _record_read(state, attempt, decision, existing, call_id, None)
+        await _record_read(state, authorized, existing, call_id, None)
         raise ProviderUnavailable("the provider could not be reached", call_id=call_id) from exc
     except TooLarge as exc:
-        await _record_read(state, attempt, decision, existing, call_id, None)
+        await _record_read(state, authorized, existing, call_id, None)
         raise ProviderUnavailable(TOO_LARGE, call_id=call_id) from exc
     except Uncertain as exc:
-        await _record_read(state, attempt, decision, existing, call_id, None)
+        await _record_read(state, authorized, existing, call_id, None)
         raise ProviderTimeout(
             "the provider did not answer in time", call_id=call_id, status="unknown"
         ) from exc
     answer = result_body(
         tool, call_id, None, classify(response.status), response.status, response.body
     )
-    await _record_read(state, attempt, decision, existing, call_id, answer, response.elapsed_ms)
+    await _record_read(state, authorized, existing, call_id, answer, response.elapsed_ms)
     if answer["status"] == "unknown":
         raise ProviderTimeout(
             "the provider did not give a usable answer", call_id=call_id, status="unknown"
@@ -172,19 +174,19 @@ async def _read(
 
 async def _record_read(
     state: AppState,
-    attempt: Attempt,
-    decision: Decision,
+    authorized: Authorized,
     existing: CallRow | None,
     call_id: str,
     answer: dict[str, Any] | None,
     provider_ms: float | None = None,
 ) -> None:
     """A read's outcome: no execution record, just the call, its audit row and the run."""
+    request, call = authorized.request, authorized.call
     status = "succeeded" if answer is not None and answer["status"] == "succeeded" else "failed"
-    call = attempt.call
-    assert call is not None
-    row = attempt.row(call_id, decision, None, status)
-    event = attempt.event(
+    row = call_row(request, call, call_id, authorized.decision, None, status)
+    event = audit_event(
+        request,
+        call,
         "executed" if status == "succeeded" else "failed",
         call_id,
         decision="allow",
@@ -195,14 +197,28 @@ async def _record_read(
         },
         provider_ms=provider_ms,
     )
-    async with writing(state, attempt) as conn:
-        if existing is None:
-            await store.insert_with_audit(conn, row, event)
-        else:
-            await store.set_state_with_audit(conn, call_id, status, event)
-        await record_run_outcome(conn, attempt, status, answer["result"] if answer else None)
-    telemetry.decided(attempt, call_id, quiet=True)
-    telemetry.executed(attempt.tool_name, call_id, status)
+    if request.run_id is None:
+        async with state.db.connection() as conn:
+            await _write_call(conn, existing, row, event)
+    else:
+        async with state.db.transaction() as conn:
+            await _write_call(conn, existing, row, event)
+            await record_run_outcome(
+                conn, request, call, status, answer["result"] if answer else None
+            )
+    telemetry.decided(authorized, call_id, quiet=True)
+    telemetry.executed(request.tool_name, call_id, status)
+
+
+async def _write_call(
+    conn: Connection, existing: CallRow | None, row: CallRow, event: AuditEvent
+) -> None:
+    """The call as ``row`` says, new or moved to its state, with its audit row: one
+    statement."""
+    if existing is None:
+        await store.insert_with_audit(conn, row, event)
+    else:
+        await store.set_state_with_audit(conn, row.id, row.state, event)
 
 
 async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> dict[str, Any]:
@@ -210,24 +226,16 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
     existing = await visible_call(state, principal, body.call_id)
     if existing.arguments is None:
         raise InvalidRequest("a denied call cannot be previewed", call_id=existing.id)
-    attempt = Attempt(
-        principal=principal,
-        catalog=state.catalog,
-        tool_name=existing.tool,
-        raw_arguments=existing.arguments,
-        run_id=existing.run_id,
-        started=time.perf_counter(),
+    request = Request.under(
+        state.catalog, principal, existing.tool, existing.arguments, existing.run_id
     )
-    known = state.catalog.tools.get(existing.tool)
-    if known is not None and known.dry_run is None:
-        raise InvalidRequest(f"tool {known.name!r} has no dry-run", call_id=existing.id)
-    decision = await decide_or_record_denial(state, attempt, existing.id, existing)
-    call, tool = attempt.call, attempt.tool
-    assert call is not None
-    assert tool is not None
-    assert tool.dry_run is not None
+    if request.tool is not None and request.tool.dry_run is None:
+        raise InvalidRequest(f"tool {request.tool.name!r} has no dry-run", call_id=existing.id)
+    authorized = await authorize(state, request, existing.id, existing)
+    call, tool = authorized.call, authorized.tool
+    assert tool.dry_run is not None  # checked above: ``tool`` is ``request.tool``
     try:
-        response = await state.gateway.call(
+        response = await state.providers.call(
             tool.provider, tool.dry_run, call.arguments, principal, existing.id
         )
     except NotSent as exc:
@@ -249,12 +257,12 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
         actor=principal.sub,
         tool=tool.name,
         fingerprint=call.fingerprint,
-        policy_version=state.catalog.policy_version,
+        policy_version=request.catalog.policy_version,
         snapshot=response.body,
         snapshot_hash=snapshot_hash,
         expires_at=datetime.now(UTC) + timedelta(seconds=ttl_s),
     )
-    next_step = "approval" if decision.impact == "high" else "execute"
+    next_step = "approval" if authorized.decision.impact == "high" else "execute"
     async with state.db.transaction() as conn:
         await store.insert_dry_run(conn, row)
         await store.set_state(
@@ -265,16 +273,18 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
         )
         await append(
             conn,
-            attempt.event(
+            audit_event(
+                request,
+                call,
                 "dry_run",
                 existing.id,
                 decision="allow",
-                authorized_by=attempt.authorized_by(),
+                authorized_by=authorized_by(request),
                 outcome={"dry_run_id": row.id, "snapshot_hash": snapshot_hash},
                 provider_ms=response.elapsed_ms,
             ),
         )
-    telemetry.decided(attempt, existing.id)
+    telemetry.decided(authorized, existing.id)
     return {
         "dry_run_id": row.id,
         "call_id": existing.id,

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import cel
 import jsonschema_rs
+import orjson
 
 from app.catalog.spec import AccessSpec, ApprovalSpec, Method, ResultSpec
 
@@ -35,6 +36,22 @@ class Resource:
     type: str
     provider: Provider
     owner: Endpoint
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whom a resource belongs to, as its provider's ``owner`` endpoint answers."""
+
+    tenant: str
+    user: str | None
+
+
+def argument_text(value: Any) -> str:
+    """An argument as an endpoint's URL carries it: a string as is, anything else as JSON.
+    The one definition both the URL builder and policy's path-segment check use."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
 
 
 @dataclass(frozen=True)

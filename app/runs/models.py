@@ -67,3 +67,16 @@ class RunRow:
     @property
     def limits(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in SERVER_MAXIMA}
+
+
+@dataclass(frozen=True)
+class RunCall:
+    """One call made in a run, as ``GET /runs/{id}`` lists it."""
+
+    call_id: str
+    tool: str
+    decision: str
+    code: str | None
+    state: str
+    impact: str | None
+    created_at: datetime

@@ -143,7 +143,18 @@ async def read(state: AppState, principal: Principal, run_id: str) -> dict[str, 
             "failures": run.failures,
             "seconds": _elapsed(run),
         },
-        "calls": calls,
+        "calls": [
+            {
+                "call_id": call.call_id,
+                "tool": call.tool,
+                "decision": call.decision,
+                "code": call.code,
+                "state": call.state,
+                "impact": call.impact,
+                "created_at": call.created_at.isoformat(),
+            }
+            for call in calls
+        ],
         "created_at": run.created_at.isoformat() if run.created_at else None,
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }

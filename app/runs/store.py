@@ -4,7 +4,7 @@ parallel calls."""
 from __future__ import annotations
 
 from app.db import Connection, Insert
-from app.runs.models import RunRow
+from app.runs.models import RunCall, RunRow
 
 _INSERT = Insert.of(
     "runs", RunRow, ["calls", "cost", "failures", "created_at", "updated_at", "finished_at"]
@@ -109,7 +109,7 @@ async def awaiting_approval(conn: Connection, run_id: str) -> bool:
     )
 
 
-async def calls_of(conn: Connection, run_id: str) -> list[dict[str, object]]:
+async def calls_of(conn: Connection, run_id: str) -> list[RunCall]:
     rows = await conn.fetch(
         """
         SELECT id AS call_id, tool, decision, code, state, impact, created_at FROM calls
@@ -117,4 +117,4 @@ async def calls_of(conn: Connection, run_id: str) -> list[dict[str, object]]:
         """,
         run_id,
     )
-    return [{**dict(r), "created_at": r["created_at"].isoformat()} for r in rows]
+    return [RunCall(*r) for r in rows]

@@ -1,4 +1,4 @@
-"""Talking to catalog providers: owner lookups and forwarded calls.
+"""The provider client: owner lookups and forwarded calls to catalog providers.
 
 URLs come only from the catalog: the provider's ``base_url`` plus the endpoint path, with
 placeholders filled from percent-encoded arguments, each inside its own segment (``policy``
@@ -16,8 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from app.auth.principal import Principal
-from app.calls.policy import Owner, argument_text
-from app.catalog.models import Endpoint, Provider, Resource
+from app.catalog.models import Endpoint, Owner, Provider, Resource, argument_text
 from app.errors import ProviderUnavailable
 from app.outbound import NotSent, Outbound, Response, TooLarge, Uncertain
 from app.telemetry import ProviderCall, owner_lookup, tool_call
@@ -44,7 +43,10 @@ def build_request(
     return ProviderRequest(endpoint.method, provider.base_url + path, None, rest)
 
 
-class Gateway:
+class ProviderClient:
+    """Every request toolgate makes to a catalog provider goes through here, inside its
+    provider span (``app.telemetry``)."""
+
     def __init__(self, outbound: Outbound) -> None:
         self._outbound = outbound
 

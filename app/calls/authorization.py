@@ -1,0 +1,88 @@
+"""Authorizing a request: schema, identity and roles, then the facts looked up just now
+(resource owners, egress addresses), then ``policy.decide``. The result is a frozen
+``Authorized`` the rest of the path takes; a denial is stored (call + audit row) and raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from app import telemetry
+from app.auth.principal import Principal
+from app.calls import egress, policy, store
+from app.calls.models import Authorized, CallRow, Request
+from app.calls.policy import Facts, PreparedCall
+from app.calls.recording import write_denial
+from app.catalog.models import Owner
+from app.errors import DENIALS, NotFound, ToolgateError, UnknownTool
+from app.runs import service as runs
+from app.state import AppState
+
+T = TypeVar("T")
+
+
+async def authorize(
+    state: AppState, request: Request, call_id: str, existing: CallRow | None
+) -> Authorized:
+    """The whole decision on ``request``, recorded as the call ``call_id`` if it is a
+    denial (a new call unless ``existing``, which it then marks denied)."""
+    telemetry.bind_call(request, call_id)
+    call: PreparedCall | None = None
+    try:
+        if request.tool is None:
+            raise UnknownTool(f"no tool named {request.tool_name!r} in the catalog")
+        call = policy.prepare(request.tool, request.raw_arguments)
+        policy.precheck(request.principal, call)
+        decision = policy.decide(request.principal, call, await facts_of(state, call))
+    except ToolgateError as error:
+        if error.code in DENIALS:
+            async with state.db.transaction() as conn:
+                await write_denial(
+                    conn, request, call, call_id, error, new_call=existing is None, deny_call=True
+                )
+        raise
+    return Authorized(request, call, decision)
+
+
+async def facts_of(state: AppState, call: PreparedCall) -> Facts:
+    owners = await owners_of(state, call)
+    hosts = [policy.egress_host(url) for _, url in call.egress]
+    addresses = iter(await concurrently([egress.resolve(h) for h in hosts if h is not None]))
+    return Facts(
+        owners={arg: owner for (arg, _, _), owner in zip(call.resources, owners, strict=True)},
+        addresses={
+            arg: next(addresses) if host is not None else ()
+            for (arg, _), host in zip(call.egress, hosts, strict=True)
+        },
+    )
+
+
+async def owners_of(state: AppState, call: PreparedCall) -> list[Owner | None]:
+    """Each ``x-resource`` argument's owner, asked of its provider now, concurrently."""
+    return await concurrently([state.providers.owner(r, rid) for _, r, rid in call.resources])
+
+
+async def concurrently(awaitables: list[Awaitable[T]]) -> list[T]:
+    """``asyncio.gather``, without its tasks when there is at most one thing to wait for
+    (most calls look up one owner and resolve no URL)."""
+    if len(awaitables) <= 1:
+        return [await awaitable for awaitable in awaitables]
+    return list(await asyncio.gather(*awaitables))
+
+
+async def check_run(state: AppState, principal: Principal, run_id: str | None) -> None:
+    """A ``run_id`` must name the principal's own run before anything is recorded under it."""
+    if run_id is not None:
+        async with state.db.connection() as conn:
+            await runs.visible(conn, principal, run_id)
+
+
+async def visible_call(state: AppState, principal: Principal, call_id: str) -> CallRow:
+    """The actor's own call; any other call is indistinguishable from a missing one."""
+    async with state.db.connection() as conn:
+        row = await store.get(conn, call_id)
+    if row is None or row.tenant != principal.tenant or row.actor != principal.sub:
+        raise NotFound("no such call")
+    return row

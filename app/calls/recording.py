@@ -1,0 +1,148 @@
+"""Recording a call: its stored row, its audit rows, denials, and its run's counters.
+
+Every decision, allow or deny, is stored with its audit row before the caller hears the
+answer; a denied call never reaches the provider. What is recorded is a ``Request`` (who
+asked, under which catalog) and, once its arguments passed the schema, its ``PreparedCall``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from app import recordable, telemetry
+from app.audit.store import AuditEvent, append
+from app.calls import store
+from app.calls.models import Authorized, CallRow, Request
+from app.calls.policy import Decision, PreparedCall
+from app.calls.results import mask_arguments
+from app.db import Connection
+from app.errors import ToolgateError
+from app.runs import service as runs
+
+PROPOSED_BY = "model"
+
+
+def recorded_tool(request: Request) -> str:
+    """The tool name as stored: a catalog name, or the requested one in ``recordable`` form
+    (an unknown tool's name is raw input)."""
+    return request.tool.name if request.tool else recordable.text(request.tool_name)
+
+
+def authorized_by(request: Request) -> dict[str, Any]:
+    return {
+        "kind": "policy",
+        "sub": request.principal.sub,
+        "tenant": request.principal.tenant,
+        "policy_version": request.catalog.policy_version,
+    }
+
+
+def call_row(
+    request: Request,
+    call: PreparedCall | None,
+    call_id: str,
+    decision: Decision | None,
+    error: ToolgateError | None,
+    state: str | None = None,
+) -> CallRow:
+    """The call as stored: ``state`` defaults to ``denied`` or ``proposed``."""
+    tool, target = request.tool, call.target if call else None
+    return CallRow(
+        id=call_id,
+        tenant=request.principal.tenant,
+        actor=request.principal.sub,
+        tool=recorded_tool(request),
+        run_id=request.run_id,
+        tool_call_id=request.tool_call_id,
+        arguments=call.arguments if call else None,
+        fingerprint=call.fingerprint if call else None,
+        target_type=target.type if target else None,
+        target_id=target.id if target else None,
+        mutation=tool.mutation if tool else None,
+        impact=decision.impact if decision else None,
+        decision="deny" if error else "allow",
+        code=error.code if error else None,
+        reason=error.detail if error else None,
+        next=decision.next if decision else None,
+        state=state or ("denied" if error else "proposed"),
+        policy_version=request.catalog.policy_version,
+        proposed_by=PROPOSED_BY,
+        authorized_by=None if error else authorized_by(request),
+    )
+
+
+def audit_event(
+    request: Request, call: PreparedCall | None, event: str, call_id: str, **fields: Any
+) -> AuditEvent:
+    """An audit row about the call; sensitive arguments masked."""
+    tool = request.tool
+    arguments = call.arguments if call else recordable.recorded(request.raw_arguments)
+    return AuditEvent(
+        event=event,
+        tenant=request.principal.tenant,
+        actor=request.principal.sub,
+        call_id=call_id,
+        run_id=request.run_id,
+        tool=recorded_tool(request),
+        target=call.target.as_dict() if call and call.target else None,
+        fingerprint=call.fingerprint if call else None,
+        arguments=mask_arguments(arguments, tool.sensitive_args if tool else ()),
+        policy_version=request.catalog.policy_version,
+        proposed_by=PROPOSED_BY,
+        total_ms=(time.perf_counter() - request.started) * 1000,
+        **fields,
+    )
+
+
+async def write_denial(
+    conn: Connection,
+    request: Request,
+    call: PreparedCall | None,
+    call_id: str,
+    error: ToolgateError,
+    *,
+    new_call: bool,
+    deny_call: bool,
+    event: str = "denied",
+) -> None:
+    """Store a denial with its audit row, in the caller's transaction; ``deny_call`` also
+    marks an existing call denied. A new denied call still counts against its run: a loop
+    of refused calls is a loop too."""
+    error.extra["call_id"] = call_id
+    audit = audit_event(
+        request, call, event, call_id, decision="deny", code=error.code, reason=error.detail
+    )
+    if new_call:
+        await store.insert_with_audit(conn, call_row(request, call, call_id, None, error), audit)
+        if request.run_id is not None:
+            await runs.count_denied(conn, request.run_id)
+    elif deny_call:
+        await store.set_state_with_audit(conn, call_id, "denied", audit)
+    else:
+        await append(conn, audit)
+    telemetry.decided(request, call_id, error.code)
+
+
+async def admit_to_run(
+    conn: Connection, authorized: Authorized, *, new_call: bool, cost: float
+) -> ToolgateError | None:
+    """Count this call (and charge ``cost``) against its run, if it has one; the 429 to
+    record and answer otherwise."""
+    if authorized.run_id is None:
+        return None
+    return await runs.admit(
+        conn,
+        authorized.principal,
+        authorized.run_id,
+        authorized.call.fingerprint,
+        new_call=new_call,
+        cost=cost,
+    )
+
+
+async def record_run_outcome(
+    conn: Connection, request: Request, call: PreparedCall, status: str, result: Any
+) -> None:
+    if request.run_id is not None:
+        await runs.record_outcome(conn, request.run_id, call.fingerprint, status, result)
