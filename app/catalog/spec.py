@@ -10,8 +10,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.outbound import DEFAULT_MAX_BYTES
-
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -23,8 +21,10 @@ class ProviderSpec(_Spec):
     base_url: str = Field(min_length=1)
     timeout_s: float = Field(default=5.0, gt=0, le=300)
     headers: dict[str, str] = Field(default_factory=dict)
-    max_response_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1024, le=64 << 20)
-    """The longest answer read from this provider; a longer one is not read at all."""
+    max_response_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    """The longest answer read from this provider; a longer one is not read at all. The
+    default is the outbound client's own cap; the catalog states it here rather than import
+    the client, so that the catalog's models (and the policy that reads them) load no I/O."""
 
 
 class EndpointSpec(_Spec):
