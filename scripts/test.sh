@@ -10,6 +10,6 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy app
+.venv/bin/mypy app tests
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest "$@"

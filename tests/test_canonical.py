@@ -77,7 +77,7 @@ def test_what_rfc8785_refuses_is_refused(document: Any) -> None:
 
 
 def test_sequences_and_subclasses_are_written_as_rfc8785_writes_them() -> None:
-    document = {"t": (1, "two"), "b": True, "i": 7}
+    document: dict[str, Any] = {"t": (1, "two"), "b": True, "i": 7}
     assert canonical(document) == rfc8785.dumps(document)
 
 
