@@ -39,6 +39,7 @@ from app.embedded import EmbeddedPostgres
 from app.main import create_app
 from app.settings import Settings
 from examples.demo_providers import build_app as build_providers
+from tests.flows import Auth, Flow
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-" + "x" * 32
@@ -240,6 +241,12 @@ async def client(app: Any, clean: None, providers: Providers) -> AsyncIterator[h
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as c:
         yield c
+
+
+@pytest.fixture
+def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
+    """A client session through the test app (``tests.flows``)."""
+    return Flow(client, auth)
 
 
 class Providers:

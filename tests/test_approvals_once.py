@@ -14,15 +14,10 @@ import pytest
 
 from app.db import migrate, migration_files
 from tests.conftest import RUN, Providers, fresh_database
-from tests.flows import BOB, Auth, Flow, new_key, refund_args
+from tests.flows import BOB, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
 FRANK = {"sub": "frank", "roles": "finance_approver"}
-
-
-@pytest.fixture
-def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
-    return Flow(client, auth)
 
 
 async def effects(providers: Providers) -> int:
