@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import hypothesis
 import pytest
 import redis.asyncio as redis
 from aiohttp import web
@@ -45,6 +46,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-" + "x" * 32
 RUN = secrets.token_hex(4)
 REDIS_PREFIX = f"toolgate-test-{RUN}:"
+
+# Property tests run the same examples on every machine and every run (no example database),
+# so a failure in CI is one anybody can reproduce; no deadline, as the machine may be loaded.
+hypothesis.settings.register_profile("toolgate", derandomize=True, database=None, deadline=None)
+hypothesis.settings.load_profile("toolgate")
 
 
 def with_database(url: str, name: str) -> str:
