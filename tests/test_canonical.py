@@ -104,7 +104,7 @@ _DOCUMENTS = st.recursive(
 
 
 @given(_DOCUMENTS)
-@settings(max_examples=1000)
+@settings(max_examples=200)
 def test_generated_documents_are_written_or_refused_exactly_as_rfc8785_does(
     document: Any,
 ) -> None:
