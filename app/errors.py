@@ -19,6 +19,11 @@ class ToolgateError(Exception):
     code: ClassVar[str] = "internal_error"
     title: ClassVar[str] = "Internal error"
 
+    def __init_subclass__(cls, *, status: int, code: str, title: str, **kwargs: Any) -> None:
+        """Every error class states its HTTP status, SPEC code and title where it is named."""
+        super().__init_subclass__(**kwargs)
+        cls.status, cls.code, cls.title = status, code, title
+
     def __init__(self, detail: str, **extra: Any) -> None:
         super().__init__(detail)
         self.detail = detail
@@ -38,241 +43,169 @@ class ToolgateError(Exception):
 # --- 400, 413, 431: the request itself ------------------------------------------------------
 
 
-class InvalidRequest(ToolgateError):
+class InvalidRequest(ToolgateError, status=400, code="invalid_request", title="Invalid request"):
     """The request is malformed: a body that is not the endpoint's shape (unknown fields,
     non-finite numbers, NUL), a bad query parameter or cursor, or an id of the wrong form."""
 
-    status = 400
-    code = "invalid_request"
-    title = "Invalid request"
 
-
-class ContentTooLarge(ToolgateError):
+class ContentTooLarge(
+    ToolgateError, status=413, code="invalid_request", title="Request body too large"
+):
     """The request body is longer than the body limit; nothing of it is recorded."""
 
-    status = 413
-    code = "invalid_request"
-    title = "Request body too large"
 
-
-class HeadersTooLarge(ToolgateError):
+class HeadersTooLarge(
+    ToolgateError, status=431, code="invalid_request", title="Request header fields too large"
+):
     """The request line and headers are longer than the head limit; raised by the HTTP
     protocol before any application code runs, and nothing is recorded."""
 
-    status = 431
-    code = "invalid_request"
-    title = "Request header fields too large"
 
-
-class IdempotencyKeyMissing(ToolgateError):
+class IdempotencyKeyMissing(
+    ToolgateError, status=400, code="idempotency_key_missing", title="Idempotency-Key required"
+):
     """A mutation was executed without an ``Idempotency-Key`` header."""
 
-    status = 400
-    code = "idempotency_key_missing"
-    title = "Idempotency-Key required"
 
-
-class IdempotencyKeyInvalid(ToolgateError):
+class IdempotencyKeyInvalid(
+    ToolgateError, status=400, code="idempotency_key_invalid", title="Idempotency-Key malformed"
+):
     """The ``Idempotency-Key`` header is not 16-255 characters of ``[A-Za-z0-9_-]``."""
-
-    status = 400
-    code = "idempotency_key_invalid"
-    title = "Idempotency-Key malformed"
 
 
 # --- 401, 403: who is asking, and whether they may -------------------------------------------
 
 
-class Unauthenticated(ToolgateError):
+class Unauthenticated(
+    ToolgateError, status=401, code="unauthenticated", title="Authentication required"
+):
     """No bearer token, or one that does not verify (signature, algorithm, expiry, claims)."""
 
-    status = 401
-    code = "unauthenticated"
-    title = "Authentication required"
 
-
-class ToolForbidden(ToolgateError):
+class ToolForbidden(ToolgateError, status=403, code="tool_forbidden", title="Tool call forbidden"):
     """A policy denial: the caller's roles do not allow the tool, a resource named in the
     arguments belongs to someone else or does not exist (the two answer the same), or an
     egress argument names a host that is not public."""
 
-    status = 403
-    code = "tool_forbidden"
-    title = "Tool call forbidden"
 
-
-class IdentitySpoof(ToolgateError):
+class IdentitySpoof(ToolgateError, status=403, code="identity_spoof", title="Identity spoof"):
     """A policy denial: an argument annotated ``x-identity`` names someone other than the
     session's own user or tenant."""
 
-    status = 403
-    code = "identity_spoof"
-    title = "Identity spoof"
 
-
-class ApprovalRequired(ToolgateError):
+class ApprovalRequired(
+    ToolgateError, status=403, code="approval_required", title="Approval required"
+):
     """A high-impact call was executed without an approval, or with one that does not exist
     or was given for another call."""
 
-    status = 403
-    code = "approval_required"
-    title = "Approval required"
 
-
-class ApprovalExpired(ToolgateError):
+class ApprovalExpired(ToolgateError, status=403, code="approval_expired", title="Approval expired"):
     """The approval presented for execution is past its expiry."""
 
-    status = 403
-    code = "approval_expired"
-    title = "Approval expired"
 
-
-class ApprovalRejected(ToolgateError):
+class ApprovalRejected(
+    ToolgateError, status=403, code="approval_rejected", title="Approval rejected"
+):
     """The call was rejected by an approver; a rejection is final, for execution and for
     any later decision on the same call."""
 
-    status = 403
-    code = "approval_rejected"
-    title = "Approval rejected"
 
-
-class ApproverForbidden(ToolgateError):
+class ApproverForbidden(
+    ToolgateError, status=403, code="approver_forbidden", title="Approver forbidden"
+):
     """The caller may not decide this call: another tenant's call, no approver role the tool
     names, or the caller's own call where the tool does not let owners approve."""
 
-    status = 403
-    code = "approver_forbidden"
-    title = "Approver forbidden"
 
-
-class DryRunRequired(ToolgateError):
+class DryRunRequired(ToolgateError, status=403, code="dry_run_required", title="Dry-run required"):
     """The call needs an unexpired dry-run of the same arguments first: before an approver
     decides it, or before a first execution the catalog says must be previewed."""
 
-    status = 403
-    code = "dry_run_required"
-    title = "Dry-run required"
 
-
-class Forbidden(ToolgateError):
+class Forbidden(ToolgateError, status=403, code="forbidden", title="Forbidden"):
     """Not in SPEC §5: a role-gated read (the audit trail) that the caller's roles or
     tenant do not allow."""
-
-    status = 403
-    code = "forbidden"
-    title = "Forbidden"
 
 
 # --- 404, 409, 422, 429: what the request names, and its state ------------------------------
 
 
-class UnknownTool(ToolgateError):
+class UnknownTool(ToolgateError, status=404, code="unknown_tool", title="Unknown tool"):
     """A policy denial: the catalog has no tool of that name."""
 
-    status = 404
-    code = "unknown_tool"
-    title = "Unknown tool"
 
-
-class NotFound(ToolgateError):
+class NotFound(ToolgateError, status=404, code="not_found", title="Not found"):
     """No such call, run or endpoint visible to the caller (another tenant's looks the same
     as a missing one)."""
 
-    status = 404
-    code = "not_found"
-    title = "Not found"
 
-
-class ApprovalMismatch(ToolgateError):
+class ApprovalMismatch(
+    ToolgateError, status=409, code="approval_mismatch", title="Approval does not match"
+):
     """The approval is bound to something other than what is executed (arguments, tool,
     actor, policy version, preview), or the hash an approver echoes is not the call's latest
     preview; ``mismatch`` lists what differs."""
 
-    status = 409
-    code = "approval_mismatch"
-    title = "Approval does not match"
 
-
-class ApprovalConsumed(ToolgateError):
+class ApprovalConsumed(
+    ToolgateError, status=409, code="approval_consumed", title="Approval already used"
+):
     """The approval was already used by another execution, or the call was already decided
     or executed."""
 
-    status = 409
-    code = "approval_consumed"
-    title = "Approval already used"
 
-
-class IdempotencyInFlight(ToolgateError):
+class IdempotencyInFlight(
+    ToolgateError, status=409, code="idempotency_in_flight", title="Request still in flight"
+):
     """Another request with the same ``Idempotency-Key`` is still executing."""
 
-    status = 409
-    code = "idempotency_in_flight"
-    title = "Request still in flight"
 
-
-class InvalidArguments(ToolgateError):
+class InvalidArguments(
+    ToolgateError, status=422, code="invalid_arguments", title="Invalid arguments"
+):
     """A policy denial: the arguments are not what the tool accepts (its JSON Schema), hold
     values that cannot be recorded or canonicalized, or name resources that cannot be URL
     path segments; ``errors`` says where."""
 
-    status = 422
-    code = "invalid_arguments"
-    title = "Invalid arguments"
 
-
-class IdempotencyKeyReused(ToolgateError):
+class IdempotencyKeyReused(
+    ToolgateError, status=422, code="idempotency_key_reused", title="Idempotency-Key reused"
+):
     """The ``Idempotency-Key`` was already used for a different request (other tool,
     arguments or approval)."""
 
-    status = 422
-    code = "idempotency_key_reused"
-    title = "Idempotency-Key reused"
 
-
-class RunLimitExceeded(ToolgateError):
+class RunLimitExceeded(
+    ToolgateError, status=429, code="run_limit_exceeded", title="Run limit exceeded"
+):
     """The call would take its run past one of the run's limits; the run ends."""
 
-    status = 429
-    code = "run_limit_exceeded"
-    title = "Run limit exceeded"
 
-
-class RepeatedCall(ToolgateError):
+class RepeatedCall(ToolgateError, status=429, code="repeated_call", title="Repeated call"):
     """The run has repeated the same call too often; the run now needs clarification."""
-
-    status = 429
-    code = "repeated_call"
-    title = "Repeated call"
 
 
 # --- 502, 503, 504: the systems toolgate depends on ------------------------------------------
 
 
-class ProviderUnavailable(ToolgateError):
+class ProviderUnavailable(
+    ToolgateError, status=502, code="provider_unavailable", title="Provider unavailable"
+):
     """The provider was not reached, answered with a body over its limit, or an owner
     lookup failed; for a mutation, only when the provider cannot have acted."""
 
-    status = 502
-    code = "provider_unavailable"
-    title = "Provider unavailable"
 
-
-class Unavailable(ToolgateError):
+class Unavailable(ToolgateError, status=503, code="unavailable", title="Service unavailable"):
     """A dependency toolgate needs to decide is down (database, lock service, the token
     issuer's keys): the request fails closed, never as an allow."""
 
-    status = 503
-    code = "unavailable"
-    title = "Service unavailable"
 
-
-class ProviderTimeout(ToolgateError):
+class ProviderTimeout(
+    ToolgateError, status=504, code="provider_timeout", title="Provider outcome unknown"
+):
     """The provider may have acted but its outcome is unknown (a timeout, or toolgate's own
     failure after sending); the answer carries the operation id for reconciliation."""
-
-    status = 504
-    code = "provider_timeout"
-    title = "Provider outcome unknown"
 
 
 # Policy denials that are recorded as decisions (SPEC §4 /propose).
