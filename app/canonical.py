@@ -3,7 +3,7 @@
 One definition for fingerprints, snapshot hashes and audit row hashes, so that key order and
 whitespace never change any of them.
 
-``canonical`` gives exactly the bytes of the ``rfc8785`` package, about 5x faster: orjson
+``canonical`` gives exactly the bytes of the ``rfc8785`` package, several times faster: orjson
 writes what it writes identically to RFC 8785 (sorted ASCII keys, strings, safe integers,
 literals), each float's text is embedded as a fragment (``_number``), and any
 document holding something else (a non-ASCII key, whose UTF-16 order may differ from orjson's,

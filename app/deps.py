@@ -2,7 +2,7 @@
 
 The decision endpoints (``/propose``, ``/dry-run``, ``/execute``, ``/approve``) are plain
 routes that call ``authenticate`` and ``read_body`` themselves: FastAPI's dependency solving
-and body fields cost them about 120 us a request, a tenth of a read's CPU. The order is the
+and body fields were a sizeable share of a read's CPU (``bench/``). The order is the
 same as FastAPI's: the token first, then the body.
 """
 

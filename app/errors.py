@@ -2,6 +2,8 @@
 
 Services raise these; ``app.main`` renders every one as RFC 9457 problem+json. ``detail``
 must never reveal another tenant's data or whether another tenant's resource exists.
+Keyword arguments given to an error (``call_id=…``, ``mismatch=[…]``) become members of its
+problem document.
 """
 
 from __future__ import annotations
@@ -10,9 +12,17 @@ from typing import Any, ClassVar
 
 
 class ToolgateError(Exception):
+    """Anything the service refuses or cannot do on purpose. Raised as itself it is an
+    internal error; everything else raises one of the subclasses below."""
+
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal_error"
     title: ClassVar[str] = "Internal error"
+
+    def __init_subclass__(cls, *, status: int, code: str, title: str, **kwargs: Any) -> None:
+        """Every error class states its HTTP status, SPEC code and title where it is named."""
+        super().__init_subclass__(**kwargs)
+        cls.status, cls.code, cls.title = status, code, title
 
     def __init__(self, detail: str, **extra: Any) -> None:
         super().__init__(detail)
@@ -30,41 +40,173 @@ class ToolgateError(Exception):
         }
 
 
-def _error(status: int, code: str, title: str) -> type[ToolgateError]:
-    return type(
-        "".join(part.title() for part in code.split("_")),
-        (ToolgateError,),
-        {"status": status, "code": code, "title": title, "__module__": __name__},
-    )
+# --- 400, 413, 431: the request itself ------------------------------------------------------
 
 
-InvalidRequest = _error(400, "invalid_request", "Invalid request")
-ContentTooLarge = _error(413, "invalid_request", "Request body too large")
-HeadersTooLarge = _error(431, "invalid_request", "Request header fields too large")
-IdempotencyKeyMissing = _error(400, "idempotency_key_missing", "Idempotency-Key required")
-IdempotencyKeyInvalid = _error(400, "idempotency_key_invalid", "Idempotency-Key malformed")
-Unauthenticated = _error(401, "unauthenticated", "Authentication required")
-ToolForbidden = _error(403, "tool_forbidden", "Tool call forbidden")
-IdentitySpoof = _error(403, "identity_spoof", "Identity spoof")
-ApprovalRequired = _error(403, "approval_required", "Approval required")
-ApprovalExpired = _error(403, "approval_expired", "Approval expired")
-ApprovalRejected = _error(403, "approval_rejected", "Approval rejected")
-ApproverForbidden = _error(403, "approver_forbidden", "Approver forbidden")
-DryRunRequired = _error(403, "dry_run_required", "Dry-run required")
-# Not in SPEC §5: a role-gated read (the audit trail) the caller's roles do not allow.
-Forbidden = _error(403, "forbidden", "Forbidden")
-UnknownTool = _error(404, "unknown_tool", "Unknown tool")
-NotFound = _error(404, "not_found", "Not found")
-ApprovalMismatch = _error(409, "approval_mismatch", "Approval does not match")
-ApprovalConsumed = _error(409, "approval_consumed", "Approval already used")
-IdempotencyInFlight = _error(409, "idempotency_in_flight", "Request still in flight")
-InvalidArguments = _error(422, "invalid_arguments", "Invalid arguments")
-IdempotencyKeyReused = _error(422, "idempotency_key_reused", "Idempotency-Key reused")
-RunLimitExceeded = _error(429, "run_limit_exceeded", "Run limit exceeded")
-RepeatedCall = _error(429, "repeated_call", "Repeated call")
-ProviderUnavailable = _error(502, "provider_unavailable", "Provider unavailable")
-Unavailable = _error(503, "unavailable", "Service unavailable")
-ProviderTimeout = _error(504, "provider_timeout", "Provider outcome unknown")
+class InvalidRequest(ToolgateError, status=400, code="invalid_request", title="Invalid request"):
+    """The request is malformed: a body that is not the endpoint's shape (unknown fields,
+    non-finite numbers, NUL), a bad query parameter or cursor, or an id of the wrong form."""
+
+
+class ContentTooLarge(
+    ToolgateError, status=413, code="invalid_request", title="Request body too large"
+):
+    """The request body is longer than the body limit; nothing of it is recorded."""
+
+
+class HeadersTooLarge(
+    ToolgateError, status=431, code="invalid_request", title="Request header fields too large"
+):
+    """The request line and headers are longer than the head limit; raised by the HTTP
+    protocol before any application code runs, and nothing is recorded."""
+
+
+class IdempotencyKeyMissing(
+    ToolgateError, status=400, code="idempotency_key_missing", title="Idempotency-Key required"
+):
+    """A mutation was executed without an ``Idempotency-Key`` header."""
+
+
+class IdempotencyKeyInvalid(
+    ToolgateError, status=400, code="idempotency_key_invalid", title="Idempotency-Key malformed"
+):
+    """The ``Idempotency-Key`` header is not 16-255 characters of ``[A-Za-z0-9_-]``."""
+
+
+# --- 401, 403: who is asking, and whether they may -------------------------------------------
+
+
+class Unauthenticated(
+    ToolgateError, status=401, code="unauthenticated", title="Authentication required"
+):
+    """No bearer token, or one that does not verify (signature, algorithm, expiry, claims)."""
+
+
+class ToolForbidden(ToolgateError, status=403, code="tool_forbidden", title="Tool call forbidden"):
+    """A policy denial: the caller's roles do not allow the tool, a resource named in the
+    arguments belongs to someone else or does not exist (the two answer the same), or an
+    egress argument names a host that is not public."""
+
+
+class IdentitySpoof(ToolgateError, status=403, code="identity_spoof", title="Identity spoof"):
+    """A policy denial: an argument annotated ``x-identity`` names someone other than the
+    session's own user or tenant."""
+
+
+class ApprovalRequired(
+    ToolgateError, status=403, code="approval_required", title="Approval required"
+):
+    """A high-impact call was executed without an approval, or with one that does not exist
+    or was given for another call."""
+
+
+class ApprovalExpired(ToolgateError, status=403, code="approval_expired", title="Approval expired"):
+    """The approval presented for execution is past its expiry."""
+
+
+class ApprovalRejected(
+    ToolgateError, status=403, code="approval_rejected", title="Approval rejected"
+):
+    """The call was rejected by an approver; a rejection is final, for execution and for
+    any later decision on the same call."""
+
+
+class ApproverForbidden(
+    ToolgateError, status=403, code="approver_forbidden", title="Approver forbidden"
+):
+    """The caller may not decide this call: another tenant's call, no approver role the tool
+    names, or the caller's own call where the tool does not let owners approve."""
+
+
+class DryRunRequired(ToolgateError, status=403, code="dry_run_required", title="Dry-run required"):
+    """The call needs an unexpired dry-run of the same arguments first: before an approver
+    decides it, or before a first execution the catalog says must be previewed."""
+
+
+class Forbidden(ToolgateError, status=403, code="forbidden", title="Forbidden"):
+    """Not in SPEC §5: a role-gated read (the audit trail) that the caller's roles or
+    tenant do not allow."""
+
+
+# --- 404, 409, 422, 429: what the request names, and its state ------------------------------
+
+
+class UnknownTool(ToolgateError, status=404, code="unknown_tool", title="Unknown tool"):
+    """A policy denial: the catalog has no tool of that name."""
+
+
+class NotFound(ToolgateError, status=404, code="not_found", title="Not found"):
+    """No such call, run or endpoint visible to the caller (another tenant's looks the same
+    as a missing one)."""
+
+
+class ApprovalMismatch(
+    ToolgateError, status=409, code="approval_mismatch", title="Approval does not match"
+):
+    """The approval is bound to something other than what is executed (arguments, tool,
+    actor, policy version, preview), or the hash an approver echoes is not the call's latest
+    preview; ``mismatch`` lists what differs."""
+
+
+class ApprovalConsumed(
+    ToolgateError, status=409, code="approval_consumed", title="Approval already used"
+):
+    """The approval was already used by another execution, or the call was already decided
+    or executed."""
+
+
+class IdempotencyInFlight(
+    ToolgateError, status=409, code="idempotency_in_flight", title="Request still in flight"
+):
+    """Another request with the same ``Idempotency-Key`` is still executing."""
+
+
+class InvalidArguments(
+    ToolgateError, status=422, code="invalid_arguments", title="Invalid arguments"
+):
+    """A policy denial: the arguments are not what the tool accepts (its JSON Schema), hold
+    values that cannot be recorded or canonicalized, or name resources that cannot be URL
+    path segments; ``errors`` says where."""
+
+
+class IdempotencyKeyReused(
+    ToolgateError, status=422, code="idempotency_key_reused", title="Idempotency-Key reused"
+):
+    """The ``Idempotency-Key`` was already used for a different request (other tool,
+    arguments or approval)."""
+
+
+class RunLimitExceeded(
+    ToolgateError, status=429, code="run_limit_exceeded", title="Run limit exceeded"
+):
+    """The call would take its run past one of the run's limits; the run ends."""
+
+
+class RepeatedCall(ToolgateError, status=429, code="repeated_call", title="Repeated call"):
+    """The run has repeated the same call too often; the run now needs clarification."""
+
+
+# --- 502, 503, 504: the systems toolgate depends on ------------------------------------------
+
+
+class ProviderUnavailable(
+    ToolgateError, status=502, code="provider_unavailable", title="Provider unavailable"
+):
+    """The provider was not reached, answered with a body over its limit, or an owner
+    lookup failed; for a mutation, only when the provider cannot have acted."""
+
+
+class Unavailable(ToolgateError, status=503, code="unavailable", title="Service unavailable"):
+    """A dependency toolgate needs to decide is down (database, lock service, the token
+    issuer's keys): the request fails closed, never as an allow."""
+
+
+class ProviderTimeout(
+    ToolgateError, status=504, code="provider_timeout", title="Provider outcome unknown"
+):
+    """The provider may have acted but its outcome is unknown (a timeout, or toolgate's own
+    failure after sending); the answer carries the operation id for reconciliation."""
+
 
 # Policy denials that are recorded as decisions (SPEC §4 /propose).
 DENIALS: dict[str, type[ToolgateError]] = {

@@ -181,7 +181,7 @@ class DecisionLane:
 
     They are plain routes (``Route``) that authenticate and parse the request themselves, so
     nothing in FastAPI's stack (error and body-limit middleware, exception middleware, exit
-    stacks, nested router matching) does anything for them but cost a read ~50 us. The one
+    stacks, nested router matching) does anything for them but cost every read CPU. The one
     exception they raise on purpose, ``ToolgateError``, becomes its problem response here as
     it does in the app's handler; anything else is answered ``unexpected()`` and propagates
     to the server, which logs it. Other requests, and other methods on these paths (405),

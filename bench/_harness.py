@@ -293,15 +293,6 @@ class RssSampler:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def watch(self, name: str, pid: int) -> None:
-        with self._lock:
-            self.pids = {**self.pids, name: pid}
-
-    def unwatch(self, name: str) -> None:
-        with self._lock:
-            self.pids = {k: v for k, v in self.pids.items() if k != name}
-            self._peak.pop(name, None)
-
     def reset(self) -> None:
         with self._lock:
             self._peak = {}

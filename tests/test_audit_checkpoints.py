@@ -191,6 +191,7 @@ async def edit_and_recompute(setup: Setup, first: dict[str, object]) -> None:
 async def append_forged_row(setup: Setup, first: dict[str, object]) -> None:
     await insert(setup.conn, 1)
     rows = await rows_in_chain_order(setup.conn)
+    assert rows[-2].chain_pos is not None
     forged = AuditRow(**{**rows[-1].__dict__, "chain_pos": rows[-2].chain_pos + 1})
     await as_attacker(
         setup.conn,

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.canonical import canonical
 
@@ -77,7 +79,7 @@ def test_what_rfc8785_refuses_is_refused(document: Any) -> None:
 
 
 def test_sequences_and_subclasses_are_written_as_rfc8785_writes_them() -> None:
-    document = {"t": (1, "two"), "b": True, "i": 7}
+    document: dict[str, Any] = {"t": (1, "two"), "b": True, "i": 7}
     assert canonical(document) == rfc8785.dumps(document)
 
 
@@ -86,3 +88,30 @@ def test_floats_of_every_magnitude_match_rfc8785() -> None:
     for _ in range(20000):
         value = round(rng.uniform(-10, 10), rng.randint(0, 17)) * 10.0 ** rng.randint(-30, 30)
         assert canonical([value]) == rfc8785.dumps([value]), repr(value)
+
+
+# Any JSON-like document: big and small integers, every float (NaN and infinities too), text
+# with control characters and lone surrogates, keys outside ASCII and the BMP.
+_ANY_TEXT = st.text(st.characters(exclude_categories=[]), max_size=6)
+_DOCUMENTS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | _ANY_TEXT,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(_ANY_KEYS) | _ANY_TEXT, inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+@given(_DOCUMENTS)
+@settings(max_examples=200)
+def test_generated_documents_are_written_or_refused_exactly_as_rfc8785_does(
+    document: Any,
+) -> None:
+    try:
+        expected = rfc8785.dumps(document)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as refusal:
+        with pytest.raises(type(refusal)):
+            canonical(document)
+        return
+    assert canonical(document) == expected

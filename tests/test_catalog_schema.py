@@ -23,7 +23,8 @@ COMMITTED = ROOT / "docs" / "catalog.schema.json"
 
 
 def schema() -> dict[str, Any]:
-    return json.loads(COMMITTED.read_text())
+    loaded: dict[str, Any] = json.loads(COMMITTED.read_text())
+    return loaded
 
 
 def validator() -> jsonschema_rs.Draft202012Validator:

@@ -23,7 +23,7 @@ import pytest
 from app.db import migration_files
 from app.demo import DEMO_SECRET
 from tests.catalogs import BASE, write
-from tests.conftest import ROOT, SECRET, with_database
+from tests.conftest import ROOT, SECRET, free_port, with_database
 
 SERVE_TIMEOUT_S = 20
 
@@ -52,12 +52,6 @@ async def run(
     *args: str, env: dict[str, str], timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(toolgate, *args, env=env, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def listening(port: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import asyncpg
 import httpx
@@ -14,7 +15,8 @@ Auth = Callable[..., dict[str, str]]
 
 
 async def audit_events(db: asyncpg.Connection) -> list[asyncpg.Record]:
-    return await db.fetch("SELECT * FROM audit_events ORDER BY seq")
+    rows: list[asyncpg.Record] = await db.fetch("SELECT * FROM audit_events ORDER BY seq")
+    return rows
 
 
 def paths(requests: list[dict[str, object]]) -> list[str]:
@@ -171,7 +173,7 @@ async def test_unknown_tools_and_invalid_arguments_are_recorded_denials(
 async def test_malformed_bodies_are_invalid_requests(
     client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection
 ) -> None:
-    cases = [
+    cases: list[dict[str, Any]] = [
         {"json": {"tool": "get_order", "arguments": {}, "actor": "root"}},
         {"json": {"tool": "get_order", "arguments": ["x"]}},
         {"json": {"arguments": {}}},
@@ -183,8 +185,8 @@ async def test_malformed_bodies_are_invalid_requests(
         },
     ]
     for case in cases:
-        headers = {**auth(), **case.pop("headers", {})}  # type: ignore[dict-item]
-        response = await client.post("/propose", headers=headers, **case)  # type: ignore[arg-type]
+        headers = {**auth(), **case.pop("headers", {})}
+        response = await client.post("/propose", headers=headers, **case)
         assert response.status_code == 400, response.text
         assert response.json()["code"] == "invalid_request"
     assert await db.fetchval("SELECT count(*) FROM calls") == 0

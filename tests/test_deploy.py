@@ -13,7 +13,7 @@ import asyncio
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +189,7 @@ def test_compose_says_how_to_mint_a_token() -> None:
 
 # --- health-check commands, run for real -----------------------------------------------------
 
-HEALTH_CHECKS = {
+HEALTH_CHECKS: dict[str, Callable[[], list[str]]] = {
     "Dockerfile HEALTHCHECK": lambda: healthcheck_command(),
     "compose toolgate": lambda: compose()["services"]["toolgate"]["healthcheck"]["test"][1:],
     "compose providers": lambda: compose()["services"]["providers"]["healthcheck"]["test"][1:],

@@ -151,7 +151,7 @@ async def test_demo_serves_a_newcomer_and_sigterm_stops_the_whole_tree(data_dir:
     try:
         await ready(demo, port)
         assert demo.stdout is not None
-        banner = []
+        banner: list[str] = []
         while not banner or "Ctrl-C stops everything" not in banner[-1]:
             banner.append(await asyncio.to_thread(demo.stdout.readline))
         tokens = dict(

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from tests.flows import Auth, Flow, new_key, refund_args
-
-
-@pytest.fixture
-def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
-    return Flow(client, auth)
+from tests.flows import Flow, new_key, refund_args
 
 
 async def test_a_calls_history_tells_its_whole_life(flow: Flow) -> None:

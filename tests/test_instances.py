@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,10 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.conftest import Providers, children, exited
+from tests.conftest import Providers, children, exited, free_port
 from tests.flows import Auth, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Instance:

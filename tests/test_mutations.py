@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
-import httpx
 import pytest
 
 from app.catalog.loader import load
@@ -16,11 +15,6 @@ from tests.conftest import Providers, running_app
 from tests.flows import ALICE, Auth, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
-
-
-@pytest.fixture
-def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
-    return Flow(client, auth)
 
 
 @pytest.fixture

@@ -7,15 +7,9 @@ from typing import Any
 
 import asyncpg
 import httpx
-import pytest
 
 from tests.conftest import Providers
-from tests.flows import Auth, Flow, new_key, refund_args
-
-
-@pytest.fixture
-def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
-    return Flow(client, auth)
+from tests.flows import Flow, new_key, refund_args
 
 
 async def start_run(flow: Flow, **limits: float) -> str:

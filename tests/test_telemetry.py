@@ -14,7 +14,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import telemetry
@@ -62,9 +62,16 @@ def named(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
     return span
 
 
+def context(span: ReadableSpan) -> SpanContext:
+    """The span's context; a finished SDK span always has one."""
+    found = span.get_span_context()
+    assert found is not None
+    return found
+
+
 def traceparent(span: ReadableSpan) -> str:
-    context = span.get_span_context()
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    ids = context(span)
+    return f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
 
 
 def provider_header(requests: list[dict[str, Any]], path: str) -> str:
@@ -94,10 +101,12 @@ async def test_an_execute_is_a_request_span_whose_provider_call_is_an_execute_to
     tool = named(spans, "execute_tool get_order")
     assert tool.kind is SpanKind.CLIENT
     assert tool.parent is not None
-    assert tool.parent.span_id == server.get_span_context().span_id
-    assert tool.get_span_context().trace_id == server.get_span_context().trace_id
+    assert tool.parent.span_id == context(server).span_id
+    assert context(tool).trace_id == context(server).trace_id
     attributes = dict(tool.attributes or {})
-    assert attributes["toolgate.policy_version"].startswith("demo-2026-11-29#")
+    policy_version = attributes["toolgate.policy_version"]
+    assert isinstance(policy_version, str)
+    assert policy_version.startswith("demo-2026-11-29#")
     assert (
         attributes.items()
         >= {
@@ -113,7 +122,7 @@ async def test_an_execute_is_a_request_span_whose_provider_call_is_an_execute_to
     assert "toolgate.operation_id" not in attributes
     owner = named(spans, "owner_lookup order")
     assert owner.parent is not None
-    assert owner.parent.span_id == server.get_span_context().span_id
+    assert owner.parent.span_id == context(server).span_id
 
     requests = await providers.requests()
     assert provider_header(requests, "/billing/orders/ord_1") == traceparent(tool)
@@ -147,7 +156,7 @@ async def test_an_incoming_traceparent_is_continued_to_the_provider(
     )
     assert response.status_code == 200, response.text
     server = named(spans, "POST /execute")
-    assert server.get_span_context().trace_id == int(CALLER_TRACE, 16)
+    assert context(server).trace_id == int(CALLER_TRACE, 16)
     assert server.parent is not None
     assert server.parent.span_id == int(CALLER_SPAN, 16)
     assert server.parent.is_remote
@@ -244,9 +253,7 @@ async def test_a_dry_run_has_its_own_clearly_named_span(
     attributes = dict(span.attributes or {})
     assert (attributes["toolgate.endpoint"], attributes["toolgate.call_id"]) == ("dry_run", call_id)
     assert "gen_ai.operation.name" not in attributes
-    assert named(spans, "POST /dry-run").get_span_context().trace_id == (
-        span.get_span_context().trace_id
-    )
+    assert context(named(spans, "POST /dry-run")).trace_id == context(span).trace_id
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -326,8 +333,7 @@ async def test_a_decision_log_line_is_json_with_call_id_and_trace_id_but_no_argu
     assert response.status_code == 200, response.text
     lines = [json.loads(line) for line in log_lines.getvalue().splitlines()]
     trace_ids = [
-        f"{named(spans, f'POST /{path}').get_span_context().trace_id:032x}"
-        for path in ("propose", "execute")
+        f"{context(named(spans, f'POST /{path}')).trace_id:032x}" for path in ("propose", "execute")
     ]
     # An execution is one line: the allow it implies is counted, not logged again.
     assert [(line["message"], line["call_id"], line["trace_id"]) for line in lines] == [

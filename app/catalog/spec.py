@@ -12,8 +12,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.outbound import DEFAULT_MAX_BYTES
-
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -32,8 +30,11 @@ class ProviderSpec(_Spec):
     headers: dict[str, str] = Field(default_factory=dict)
     """Headers sent with every request to this provider; values may use ${NAME} or
     ${NAME:-default} environment references."""
-    max_response_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1024, le=64 << 20)
-    """The longest answer read from this provider; a longer one is not read at all."""
+    # The outbound client's own default cap, stated here rather than imported, so that the
+    # catalog's models (and the policy that reads them) load no I/O library.
+    max_response_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    """The longest answer read from this provider, in bytes; a longer one is not read at
+    all."""
 
 
 class EndpointSpec(_Spec):
