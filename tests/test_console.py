@@ -79,6 +79,7 @@ async def test_an_approver_who_may_decide_sees_sensitive_values_beside_the_maske
     history = (await client.get(f"/calls/{call_id}", headers=auth(**BOB))).json()
     assert history["proposal"]["arguments"]["note"] == "[redacted]"
     assert history["proposal"]["sensitive_arguments"] == {"note": NOTE}
+    assert history["may_decide"] is True
 
 
 async def test_sensitive_values_stay_masked_for_auditors_the_audit_trail_and_decided_calls(
@@ -88,11 +89,13 @@ async def test_sensitive_values_stay_masked_for_auditors_the_audit_trail_and_dec
     audited = (await client.get(f"/calls/{call_id}", headers=auth(**ERIN))).json()
     assert audited["proposal"]["arguments"]["note"] == "[redacted]"
     assert "sensitive_arguments" not in audited["proposal"]
+    assert audited["may_decide"] is False
     preview = audited["dry_runs"][-1]["snapshot_hash"]
     assert (await flow.approve(call_id, preview)).status_code == 200
 
     decided = (await client.get(f"/calls/{call_id}", headers=auth(**BOB))).json()
     assert "sensitive_arguments" not in decided["proposal"], "nothing left to decide"
+    assert decided["may_decide"] is False
     approved = await client.get("/approvals?status=approved", headers=auth(**BOB))
     assert [i["call_id"] for i in approved.json()["items"]] == [call_id]
     assert "sensitive_arguments" not in approved.json()["items"][0]

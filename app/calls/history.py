@@ -4,7 +4,7 @@ Visible to its actor, to approvers of its tenant who may decide it, and to audit
 tenant (admins: any tenant); to anyone else it does not exist. Sensitive arguments are masked
 in ``arguments`` for everyone: the history is a listing. An approver who may decide the call
 now must judge what they approve, so the answer gives them the masked values beside it, in
-``sensitive_arguments``.
+``sensitive_arguments``; ``may_decide`` tells them (and the console) that they may.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "proposed_by": call.proposed_by,
         "authorized_by": call.authorized_by,
     }
-    if sensitive and may_decide(state, principal, call):
+    deciding = may_decide(state, principal, call)
+    if sensitive and deciding:
         proposal["sensitive_arguments"] = sensitive_values(call.arguments, sensitive)
     return {
         "call_id": call.id,
@@ -86,6 +87,7 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "run_id": call.run_id,
         "tool_call_id": call.tool_call_id,
         "state": call.state,
+        "may_decide": deciding,
         "proposal": proposal,
         "decisions": [
             {

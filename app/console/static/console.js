@@ -87,7 +87,7 @@ function el(tag, attrs = {}, ...children) {
     else if (name === "class") node.className = value;
     else node.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -365,7 +365,7 @@ function changes(before, after) {
 }
 
 function decisionBox(call, latest) {
-  if (call.state !== "awaiting_approval") {
+  if (!call.may_decide) {
     const approval = call.approval;
     if (!approval) return null;
     return el(
@@ -514,9 +514,9 @@ function auditPage() {
       const all = rows.concat(page.items.map(auditRow));
       results.replaceChildren(
         table(["#", "At", "Event", "Tenant", "Actor", "Tool", "Call", "Decision", "Code", "Reason"], all, "No events match."),
-        page.next_cursor
-          ? el("button", { type: "button", id: "more", onclick: () => search(page.next_cursor, all) }, "More")
-          : null,
+        ...(page.next_cursor
+          ? [el("button", { type: "button", id: "more", onclick: () => search(page.next_cursor, all) }, "More")]
+          : []),
       );
     } catch (error) {
       results.replaceChildren(problemBox(error));
@@ -589,7 +589,7 @@ function auditRow(item) {
     "tr",
     {},
     el("td", {}, String(item.seq)),
-    el("td", {}, when(item.at)),
+    el("td", {}, when(item.time)),
     el("td", {}, item.event),
     el("td", {}, item.tenant),
     el("td", {}, item.actor || ""),
