@@ -30,6 +30,8 @@ from app.calls import router as calls
 from app.calls import store as calls_store
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
+from app.console import router as console
+from app.console.cors import CrossOrigin
 from app.db import Database, pending_migrations
 from app.deps import malformed, plain_parameters
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
@@ -257,6 +259,9 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.include_router(audit.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(console.router)
+    if settings.cors_origins:
+        app.add_middleware(CrossOrigin, origins=settings.cors_origins)
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:

@@ -7,6 +7,7 @@ environment. A bad configuration raises ``ConfigError`` with a message fit for a
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ class Settings:
     """Ed25519 private key (PEM) signing the audit chain's checkpoints; kept off the database."""
     audit_checkpoint_file: Path | None = None
     """Where the audit sealer appends its signed checkpoints (NDJSON), besides its log."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins (``scheme://host[:port]``) whose pages may call the API; none by default."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The environment the settings came from; catalog ``${ENV}`` references resolve here."""
 
@@ -80,6 +83,7 @@ class Settings:
             idempotency_ttl_s=int(ttl),
             audit_signing_key_file=_path(get("AUDIT_SIGNING_KEY")),
             audit_checkpoint_file=_path(get("AUDIT_CHECKPOINT_FILE")),
+            cors_origins=_origins(get("CORS_ORIGINS")),
             env=dict(env),
         )
 
@@ -115,6 +119,24 @@ class Settings:
         if not self.database_url.startswith(("postgresql://", "postgres://")):
             raise ConfigError("TOOLGATE_DATABASE_URL must be a postgresql:// URL")
         return self.database_url
+
+
+_ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+
+
+def _origins(value: str | None) -> tuple[str, ...]:
+    """Exact origins only: a wildcard would let any web page that holds a user's token drive
+    the approval endpoints from its own origin, so ``*`` (and anything with a path) is refused."""
+    if value is None:
+        return ()
+    origins = tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
+    for origin in origins:
+        if not _ORIGIN.fullmatch(origin):
+            raise ConfigError(
+                f"TOOLGATE_CORS_ORIGINS: {origin!r} is not an origin such as"
+                " https://console.example.com (exact origins only; '*' is not allowed)"
+            )
+    return origins
 
 
 def _path(value: str | None) -> Path | None:

@@ -122,6 +122,14 @@ def test_the_wheel_carries_every_migration_and_the_demo_catalog(wheel: Path) -> 
         assert archive.read("app/catalog/demo.yaml") == (ROOT / "catalog/demo.yaml").read_bytes()
 
 
+def test_the_wheel_carries_the_console_pages(wheel: Path) -> None:
+    assets = sorted((ROOT / "app/console/static").iterdir())
+    assert {a.name for a in assets} >= {"index.html", "console.js", "console.css"}
+    with zipfile.ZipFile(wheel) as archive:
+        for asset in assets:
+            assert archive.read(f"app/console/static/{asset.name}") == asset.read_bytes()
+
+
 async def test_the_installed_toolgate_migrates_an_empty_database(
     venv: Path, empty_database: str, tmp_path: Path
 ) -> None:

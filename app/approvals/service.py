@@ -19,7 +19,7 @@ from app.calls import policy
 from app.calls import store as calls
 from app.calls.authorization import owners_of
 from app.calls.models import STARTED, CallRow, DryRunRow
-from app.calls.results import mask_arguments
+from app.calls.results import mask_arguments, sensitive_values
 from app.catalog.models import Tool
 from app.db import Connection
 from app.errors import (
@@ -202,7 +202,9 @@ PAGE_SIZE = 50
 async def inbox(
     state: AppState, principal: Principal, status: str, cursor: str | None
 ) -> dict[str, Any]:
-    """Requests this principal may decide, in their tenant, newest first."""
+    """Requests this principal may decide, in their tenant, newest first. A pending request
+    also carries its sensitive values unmasked (``sensitive_arguments``): the approver must
+    see what they approve; ``arguments`` stays masked, as in every listing."""
     before = None
     if cursor:
         stamp, call_id = cursors.decode(cursor, 2)
@@ -216,21 +218,22 @@ async def inbox(
             continue
         if not policy.may_approve(principal, row.actor, row.tenant, tool.approval.approvers):
             continue
-        items.append(
-            {
-                "call_id": row.call_id,
-                "tool": row.tool,
-                "actor": row.actor,
-                "target": row.target,
-                "arguments": mask_arguments(row.arguments, tool.sensitive_args),
-                "impact": row.impact,
-                "snapshot": row.snapshot,
-                "snapshot_hash": row.snapshot_hash,
-                "requested_at": row.requested_at.isoformat(),
-                "expires_at": row.expires_at.isoformat() if row.expires_at else None,
-                "status": row.status,
-            }
-        )
+        item = {
+            "call_id": row.call_id,
+            "tool": row.tool,
+            "actor": row.actor,
+            "target": row.target,
+            "arguments": mask_arguments(row.arguments, tool.sensitive_args),
+            "impact": row.impact,
+            "snapshot": row.snapshot,
+            "snapshot_hash": row.snapshot_hash,
+            "requested_at": row.requested_at.isoformat(),
+            "expires_at": row.expires_at.isoformat() if row.expires_at else None,
+            "status": row.status,
+        }
+        if row.status == "pending" and tool.sensitive_args:
+            item["sensitive_arguments"] = sensitive_values(row.arguments, tool.sensitive_args)
+        items.append(item)
     last = rows[-1] if len(rows) == PAGE_SIZE else None
     return {
         "items": items,

@@ -2,7 +2,9 @@
 
 Visible to its actor, to approvers of its tenant who may decide it, and to auditors of its
 tenant (admins: any tenant); to anyone else it does not exist. Sensitive arguments are masked
-for everyone: the history is a listing.
+in ``arguments`` for everyone: the history is a listing. An approver who may decide the call
+now must judge what they approve, so the answer gives them the masked values beside it, in
+``sensitive_arguments``; ``may_decide`` tells them (and the console) that they may.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from app.audit import store as audit
 from app.auth.principal import Principal
 from app.calls import policy, store
 from app.calls.models import CallRow
-from app.calls.results import mask_arguments
+from app.calls.results import mask_arguments, sensitive_values
 from app.errors import NotFound
 from app.state import AppState
 
@@ -36,6 +38,18 @@ def may_see(state: AppState, principal: Principal, call: CallRow) -> bool:
     )
 
 
+def may_decide(state: AppState, principal: Principal, call: CallRow) -> bool:
+    """Whether ``principal`` may approve or reject ``call`` now: it awaits a decision (as in
+    the pending inbox) and they are one of its approvers."""
+    tool = state.catalog.tools.get(call.tool)
+    return bool(
+        call.state == "awaiting_approval"
+        and tool is not None
+        and tool.approval is not None
+        and policy.may_approve(principal, call.actor, call.tenant, tool.approval.approvers)
+    )
+
+
 async def history(state: AppState, principal: Principal, call_id: str) -> dict[str, Any]:
     async with state.db.connection() as conn:
         call = await store.get(conn, call_id)
@@ -48,6 +62,23 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
     tool = state.catalog.tools.get(call.tool)
     sensitive = tool.sensitive_args if tool else frozenset()
     latest = decided[-1] if decided else None
+    proposal: dict[str, Any] = {
+        "arguments": mask_arguments(call.arguments, sensitive),
+        "fingerprint": call.fingerprint,
+        "target": call.target,
+        "mutation": call.mutation,
+        "impact": call.impact,
+        "next": call.next,
+        "decision": call.decision,
+        "code": call.code,
+        "reason": call.reason,
+        "policy_version": call.policy_version,
+        "proposed_by": call.proposed_by,
+        "authorized_by": call.authorized_by,
+    }
+    deciding = may_decide(state, principal, call)
+    if sensitive and deciding:
+        proposal["sensitive_arguments"] = sensitive_values(call.arguments, sensitive)
     return {
         "call_id": call.id,
         "tool": call.tool,
@@ -56,20 +87,8 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "run_id": call.run_id,
         "tool_call_id": call.tool_call_id,
         "state": call.state,
-        "proposal": {
-            "arguments": mask_arguments(call.arguments, sensitive),
-            "fingerprint": call.fingerprint,
-            "target": call.target,
-            "mutation": call.mutation,
-            "impact": call.impact,
-            "next": call.next,
-            "decision": call.decision,
-            "code": call.code,
-            "reason": call.reason,
-            "policy_version": call.policy_version,
-            "proposed_by": call.proposed_by,
-            "authorized_by": call.authorized_by,
-        },
+        "may_decide": deciding,
+        "proposal": proposal,
         "decisions": [
             {
                 "seq": e.seq,

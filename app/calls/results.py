@@ -65,6 +65,13 @@ def mask_arguments(arguments: Any, sensitive: Iterable[str]) -> Any:
     return {k: REDACTED if k in hidden else v for k, v in arguments.items()}
 
 
+def sensitive_values(arguments: Any, sensitive: Iterable[str]) -> dict[str, Any]:
+    """The sensitive values ``mask_arguments`` hides, for an approver who must judge them."""
+    if not isinstance(arguments, dict):
+        return {}
+    return {k: arguments[k] for k in sorted(set(sensitive)) if k in arguments}
+
+
 def classify(provider_status: int) -> str:
     """``succeeded`` (2xx), ``failed`` (4xx, the provider refused) or ``unknown`` (anything
     else: a 5xx or a redirect says nothing certain about what happened)."""

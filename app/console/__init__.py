@@ -1,0 +1,1 @@
+"""The console: browser pages for approvers and auditors over the public API."""

@@ -1,0 +1,226 @@
+"""The console in a real browser: headless Chromium (the system's ``chromium``, driven by
+Playwright; nothing is downloaded) against a real toolgate on a loopback port, with the demo
+providers counting their effects.
+
+One server and one browser per module; each test gets a fresh browser context, so nothing
+(the token in session storage included) carries from one test to the next. With
+``TOOLGATE_SCREENSHOTS=1`` the tests refresh the screenshots under ``docs/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import uvicorn
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from tests.conftest import ROOT, Providers, free_port
+from tests.flows import ALICE, BOB, Auth, Flow, new_key, refund_args
+
+Token = Callable[..., str]
+REFUNDS = "/billing/refunds"
+SCRIPT = '<script>window.pwned = 1</script><img src="x" onerror="window.pwned = 2">'
+
+
+@pytest.fixture(scope="module")
+async def base_url(app: Any) -> AsyncIterator[str]:
+    """The test app behind a real HTTP server (its lifespan already runs in ``app``)."""
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "the console's server did not start"
+        await asyncio.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await task
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    executable = shutil.which("chromium")
+    assert executable is not None, "install chromium (apt-get install -y chromium)"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=executable)
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = await context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    await context.close()
+    assert errors == [], "the page raised"
+
+
+@pytest.fixture
+def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
+    return Flow(client, auth)
+
+
+async def screenshot(page: Page, name: str, tmp_path: Path) -> None:
+    """Always taken (the page must render); kept under ``docs/`` when asked to refresh."""
+    keep = os.environ.get("TOOLGATE_SCREENSHOTS") == "1"
+    await page.screenshot(path=str((ROOT / "docs" if keep else tmp_path) / name), full_page=True)
+
+
+async def sign_in(page: Page, base_url: str, path: str, token: str) -> None:
+    await page.goto(f"{base_url}{path}#token={token}")
+    assert "token" not in page.url, "the token leaves the address at once"
+
+
+async def pending_refund(flow: Flow, **extra: Any) -> str:
+    proposal = await flow.propose("issue_refund", refund_args(150.0, **extra))
+    await flow.dry_run(proposal["call_id"])
+    return str(proposal["call_id"])
+
+
+async def effects(providers: Providers) -> int:
+    return (await providers.stats())["effects_by_path"].get(REFUNDS, 0)  # type: ignore[no-any-return]
+
+
+async def test_an_approver_approves_a_pending_refund_and_the_agent_runs_it_once(
+    page: Page,
+    base_url: str,
+    flow: Flow,
+    token: Token,
+    providers: Providers,
+    tmp_path: Path,
+) -> None:
+    await sign_in(page, base_url, "/console", token(**BOB))
+    await expect(page.get_by_text("Nothing is waiting for your decision.")).to_be_visible()
+    call_id = await pending_refund(flow, note="customer called twice")
+
+    row = page.locator(f'tr[data-call-id="{call_id}"]')
+    await expect(row).to_be_visible(timeout=10_000)  # the inbox refreshes by itself
+    await expect(row).to_contain_text("issue_refund")
+    await expect(row).to_contain_text("alice")
+    await expect(row).to_contain_text("order ord_1")
+    await screenshot(page, "console-inbox.png", tmp_path)
+
+    await row.get_by_role("link").click()
+    await expect(page.locator("#state")).to_have_text("awaiting_approval")
+    await expect(page.locator('[data-argument="amount"]')).to_contain_text("150")
+    await expect(page.locator('[data-argument="note"]')).to_contain_text("customer called twice")
+    await expect(page.locator("#preview")).to_contain_text('"new_balance": 100')
+    facts = page.locator(".facts")
+    await expect(facts).to_contain_text(call_id)
+    await expect(facts).to_contain_text("order ord_1")
+    await expect(page.locator("main")).not_to_contain_text("[object")
+    approve = page.locator("#approve")
+    await expect(approve).to_be_disabled()  # not before the approver confirms what they saw
+    await page.locator("#confirm").check()
+    await screenshot(page, "console-call.png", tmp_path)
+    await approve.click()
+    await expect(page.locator("#outcome")).to_contain_text("Approved")
+    await expect(page.locator("#state")).to_have_text("approved", timeout=5_000)
+
+    history = await flow.client.get(f"/calls/{call_id}", headers=flow.auth(**ALICE))
+    approval = history.json()["approval"]
+    assert approval["approver"] == "bob"
+    assert approval["binding"]["snapshot_hash"] == history.json()["dry_runs"][-1]["snapshot_hash"]
+    before = await effects(providers)
+    args = refund_args(150.0, note="customer called twice")
+    executed = await flow.execute(
+        "issue_refund", args, new_key(), approval_id=approval["approval_id"]
+    )
+    assert executed.status_code == 200, executed.text
+    assert executed.json()["status"] == "succeeded"
+    assert await effects(providers) == before + 1
+
+
+async def test_an_approver_rejects_with_a_comment_and_the_call_cannot_run(
+    page: Page, base_url: str, flow: Flow, token: Token, providers: Providers, db: Any
+) -> None:
+    call_id = await pending_refund(flow)
+    await sign_in(page, base_url, f"/console/calls/{call_id}", token(**BOB))
+    await page.locator("#comment").fill("this order was already refunded by phone")
+    await page.locator("#reject").click()
+    await expect(page.locator("#outcome")).to_contain_text("Rejected")
+    await expect(page.locator("#decided")).to_contain_text("already refunded by phone")
+
+    stored = await db.fetch("SELECT decision, approver, comment FROM approvals")
+    assert [tuple(r) for r in stored] == [
+        ("reject", "bob", "this order was already refunded by phone")
+    ]
+    execute = await flow.execute("issue_refund", refund_args(150.0), new_key(), call_id=call_id)
+    assert execute.status_code == 403
+    assert await effects(providers) == 0
+
+
+async def test_a_preview_that_changed_under_the_approver_is_not_approved(
+    page: Page, base_url: str, flow: Flow, token: Token, db: asyncpg.Connection
+) -> None:
+    call_id = await pending_refund(flow)
+    await sign_in(page, base_url, f"/console/calls/{call_id}", token(**BOB))
+    await expect(page.locator("#preview")).to_contain_text('"refundable": 250')
+
+    # Meanwhile another refund lands on the order and the call is previewed again.
+    small = await flow.propose("issue_refund", refund_args(20.0))
+    await flow.dry_run(small["call_id"])
+    done = await flow.execute("issue_refund", refund_args(20.0), new_key())
+    assert done.status_code == 200, done.text
+    await flow.dry_run(call_id)
+
+    await page.locator("#confirm").check()
+    await page.locator("#approve").click()
+    outcome = page.locator("#outcome")
+    await expect(outcome).to_contain_text("changed after this page showed it")
+    await expect(outcome).to_contain_text("Nothing was approved")
+    await expect(page.locator("#approve")).to_be_disabled()
+    assert await db.fetchval("SELECT count(*) FROM approvals") == 0
+
+    await page.locator("#reload").click()
+    changes = page.locator("#changes")
+    await expect(changes).to_contain_text("refundable")
+    await expect(changes).to_contain_text("250")
+    await expect(changes).to_contain_text("230")
+
+
+async def test_an_argument_holding_markup_is_shown_as_text_and_never_runs(
+    page: Page, base_url: str, flow: Flow, token: Token
+) -> None:
+    call_id = await pending_refund(flow, note=SCRIPT)
+    await sign_in(page, base_url, f"/console/calls/{call_id}", token(**BOB))
+    note = page.locator('[data-argument="note"] code')
+    await expect(note).to_have_text(SCRIPT)
+    await page.wait_for_timeout(300)  # time for an injected onerror to fire, were there one
+    assert await page.evaluate("window.pwned") is None
+    assert await page.locator("#arguments img, #arguments script").count() == 0
+
+
+async def test_an_auditor_searches_the_trail_and_verifies_the_chain(
+    page: Page, base_url: str, flow: Flow, token: Token, tmp_path: Path
+) -> None:
+    call_id = await pending_refund(flow)
+    await sign_in(page, base_url, "/console/audit", token(sub="erin", roles="auditor"))
+    rows = page.locator("#results tbody tr")
+    await expect(rows).to_have_count(2)  # proposed, dry_run
+    await page.locator("#f-event").select_option("dry_run")
+    await page.locator("#search").click()
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text(call_id)
+
+    await page.locator("#verify").click()
+    await expect(page.locator("#verify-result")).to_contain_text("Chain intact", timeout=10_000)
+    await page.locator("#export").click()
+    await expect(page.locator("#download")).to_contain_text(".ndjson")
+    await expect(page.locator("main")).not_to_contain_text("null")
+    await screenshot(page, "console-audit.png", tmp_path)
+
+    await rows.first.get_by_role("link").click()
+    await expect(page.locator("#timeline")).to_contain_text("dry_run")
+    await expect(page.locator("#decide")).to_have_count(0)  # an auditor decides nothing
