@@ -7,10 +7,11 @@ a ``Connection`` from here; the use case owns the transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -26,6 +27,12 @@ Connection: TypeAlias = asyncpg.Connection
 Record: TypeAlias = asyncpg.Record
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 """Package data, so every install carries them (in a checkout, a link to ``migrations/``)."""
+LISTENER_NAME = "toolgate-listener"
+"""The ``application_name`` of listening connections, to tell them apart in
+``pg_stat_activity``."""
+LISTEN_PING_S = 5.0
+LISTEN_RETRY_S = 0.5
+LISTEN_RETRY_MAX_S = 10.0
 
 _UNAVAILABLE = (
     OSError,
@@ -139,6 +146,42 @@ class Database:
                 yield conn
         except _UNAVAILABLE as exc:
             raise Unavailable("database unavailable") from exc
+
+    async def listen(
+        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]
+    ) -> None:
+        """Deliver each ``NOTIFY`` on ``channel`` to ``on_message``, on a connection of its own
+        (outside the pool), until cancelled. A notification sent while no connection listens
+        is lost, so ``on_gap`` is called whenever listening (re)starts and when the
+        connection drops; the connection is then reopened, after a growing pause."""
+        pause = LISTEN_RETRY_S
+        while True:
+            with contextlib.suppress(*_UNAVAILABLE, asyncpg.PostgresError):
+                await self._listen_once(channel, on_message, on_gap)
+                pause = LISTEN_RETRY_S  # it was up: reconnect soon
+            on_gap()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LISTEN_RETRY_MAX_S)
+
+    async def _listen_once(
+        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]
+    ) -> None:
+        """Listen on one connection until it drops; a silent network loss shows as a failed
+        ping."""
+        dropped = asyncio.Event()
+        conn = await asyncpg.connect(self._url, server_settings={"application_name": LISTENER_NAME})
+        try:
+            conn.add_termination_listener(lambda _conn: dropped.set())
+            await conn.add_listener(channel, lambda _c, _p, _ch, payload: on_message(payload))
+            on_gap()
+            while not dropped.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(dropped.wait(), LISTEN_PING_S)
+                if not dropped.is_set():
+                    await conn.fetchval("SELECT 1", timeout=LISTEN_PING_S)
+        finally:
+            if not conn.is_closed():
+                conn.terminate()
 
     async def ping(self) -> bool:
         try:

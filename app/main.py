@@ -28,6 +28,7 @@ from app.auth.tokens import TokenVerifier
 from app.calls import reconciler
 from app.calls import router as calls
 from app.calls import store as calls_store
+from app.calls.waiting import CallWaiters
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
 from app.console import router as console
@@ -81,6 +82,7 @@ async def open_state(settings: Settings) -> AppState:
         outbound=outbound,
         verifier=verifier,
         locks=locks,
+        waiters=CallWaiters(),
     )
 
 
@@ -124,6 +126,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     tasks: set[asyncio.Task[None]] = {
         asyncio.create_task(purge_expired_records(state)),
         asyncio.create_task(reconciler.run(state)),
+        asyncio.create_task(state.waiters.listen(state.db)),
     }
     if app.state.seal_in_lifespan:
         tasks.add(audit_sealer.start(state.db, state.settings))

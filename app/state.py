@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.auth.tokens import TokenVerifier
+from app.calls.waiting import CallWaiters
 from app.catalog.models import Catalog
 from app.db import Database
 from app.locks import Locks
@@ -23,3 +24,5 @@ class AppState:
     outbound: Outbound
     verifier: TokenVerifier
     locks: Locks
+    waiters: CallWaiters
+    """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""

@@ -206,3 +206,34 @@ def test_reads_need_only_execute(catalog: Catalog) -> None:
 
 def test_a_high_impact_tool_without_dry_run_goes_straight_to_approval(catalog: Catalog) -> None:
     assert policy.next_step(catalog.tools["update_email"], "high") == "approval"
+
+
+def test_an_omitted_identity_argument_is_the_sessions_own(catalog: Catalog) -> None:
+    tool = catalog.tools["issue_refund"]
+    sent = {"order_id": "ord_1", "amount": 50}
+    call = policy.prepare(tool, policy.completed(tool, ALICE, sent))
+    assert call.arguments["customer_id"] == "alice"
+    assert sent == {"order_id": "ord_1", "amount": 50}
+    tenant_tool = catalog.tools["update_email"]
+    filled = policy.completed(
+        tenant_tool, ALICE, {"customer_id": "c", "email": "e", "tenant_id": None}
+    )
+    assert filled["tenant_id"] == "acme"
+
+
+def test_a_supplied_identity_argument_is_kept_and_checked(catalog: Catalog) -> None:
+    tool = catalog.tools["issue_refund"]
+    sent = {"order_id": "ord_1", "amount": 50, "customer_id": "bob"}
+    call = policy.prepare(tool, policy.completed(tool, ALICE, sent))
+    with pytest.raises(IdentitySpoof):
+        policy.precheck(ALICE, call)
+
+
+def test_null_for_an_optional_argument_is_absent_and_gets_its_default(catalog: Catalog) -> None:
+    assert refund(catalog, currency=None, note=None).arguments == refund(catalog).arguments
+    assert refund(catalog, currency=None).arguments["currency"] == "EUR"
+
+
+def test_null_for_a_required_argument_is_still_invalid(catalog: Catalog) -> None:
+    with pytest.raises(InvalidArguments):
+        refund(catalog, amount=None)

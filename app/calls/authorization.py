@@ -33,7 +33,9 @@ async def authorize(
     try:
         if request.tool is None:
             raise UnknownTool(f"no tool named {request.tool_name!r} in the catalog")
-        call = policy.prepare(request.tool, request.raw_arguments)
+        call = policy.prepare(
+            request.tool, policy.completed(request.tool, request.principal, request.raw_arguments)
+        )
         policy.precheck(request.principal, call)
         decision = policy.decide(request.principal, call, await facts_of(state, call))
     except ToolgateError as error:

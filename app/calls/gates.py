@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from app.approvals import store as approvals
 from app.approvals.models import ApprovalRow, Binding
 from app.calls import store
-from app.calls.models import Authorized, DryRunRow
+from app.calls.models import Authorized, CallRow, DryRunRow
+from app.calls.policy import PreparedCall
 from app.errors import (
     ApprovalConsumed,
     ApprovalExpired,
@@ -31,15 +32,21 @@ async def valid_approval(
     """The approval ``approval_id``, if it is approved, unexpired, unused and bound to this
     request (and to ``call_id``, when the request names its call)."""
     call, principal = authorized.call, authorized.principal
-    if approval_id is None:
+    if approval_id is None and call_id is None:
         raise ApprovalRequired("this call is high impact and needs an approval_id")
     async with state.db.connection() as conn:
-        approval = await approvals.get(conn, approval_id)
+        if approval_id is not None:
+            approval = await approvals.get(conn, approval_id)
+        else:
+            assert call_id is not None
+            approval = standing_approval(await approvals.standing(conn, call_id))
         dry_run = await store.dry_run_for(
             conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
         )
     if approval is None or approval.tenant != principal.tenant:
-        raise ApprovalRequired("no such approval")
+        raise ApprovalRequired(
+            "no approval of this call" if approval_id is None else "no such approval"
+        )
     if call_id not in (None, approval.call_id):
         raise ApprovalRequired("the approval was given for another call")
     if approval.decision == "reject":
@@ -57,6 +64,37 @@ async def valid_approval(
     if approval.consumed_by is not None:
         raise ApprovalConsumed("the approval was used by another execution")
     return approval
+
+
+def standing_approval(standing: list[ApprovalRow]) -> ApprovalRow | None:
+    """The approval an execution by call id alone runs on, of the call's ``standing``
+    decisions (a rejection first): its rejection, which is final; else its latest unused live
+    approval; else the latest used one (answered as consumed)."""
+    if not standing or standing[0].decision == "reject":
+        return standing[0] if standing else None
+    unused = [approval for approval in standing if approval.consumed_by is None]
+    return (unused or standing)[-1]
+
+
+def check_same_call(existing: CallRow | None, call: PreparedCall) -> None:
+    """A request that names its call runs that call: other arguments, or another target, make
+    it another call, which the call's approval and preview do not cover."""
+    if existing is None or existing.fingerprint == call.fingerprint:
+        return
+    mismatch = [
+        name
+        for name, differs in (
+            ("tool", existing.tool != call.tool.name),
+            ("target", existing.target != (call.target.as_dict() if call.target else None)),
+            ("arguments", existing.arguments != call.arguments),
+        )
+        if differs
+    ] or ["arguments"]
+    raise ApprovalMismatch(
+        "call_id names a call with other " + ", ".join(mismatch),
+        call_id=existing.id,
+        mismatch=mismatch,
+    )
 
 
 def binding(authorized: Authorized, dry_run: DryRunRow | None) -> Binding:

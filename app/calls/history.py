@@ -9,16 +9,17 @@ now must judge what they approve, so the answer gives them the masked values bes
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any
 
 from app.approvals import store as approvals
 from app.audit import store as audit
 from app.auth.principal import Principal
-from app.calls import policy, store
+from app.calls import policy, store, waiting
 from app.calls.models import CallRow
 from app.calls.results import mask_arguments, sensitive_values
-from app.errors import NotFound
+from app.errors import InvalidRequest, NotFound
 from app.state import AppState
 
 
@@ -48,6 +49,31 @@ def may_decide(state: AppState, principal: Principal, call: CallRow) -> bool:
         and tool.approval is not None
         and policy.may_approve(principal, call.actor, call.tenant, tool.approval.approvers)
     )
+
+
+async def history_after(
+    state: AppState, principal: Principal, call_id: str, wait_s: float | None
+) -> dict[str, Any]:
+    """The call's history once it is no longer waiting (``waiting.is_waiting``), or when
+    ``wait_s`` seconds have passed, whichever comes first; at once without ``wait_s``. The
+    call is read again only when its state changed (or may have: see ``waiting``)."""
+    if wait_s is None:
+        return await history(state, principal, call_id)
+    if not 0 < wait_s <= waiting.MAX_WAIT_S:
+        raise InvalidRequest(
+            f"wait is a number of seconds above 0 and at most {waiting.MAX_WAIT_S:g}"
+        )
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        async with state.waiters.watching(call_id) as changed:
+            found = await history(state, principal, call_id)
+            left = deadline - asyncio.get_running_loop().time()
+            if not waiting.is_waiting(found["state"], found["proposal"]["next"]) or left <= 0:
+                return found
+            try:
+                await asyncio.wait_for(changed, left)
+            except TimeoutError:
+                return await history(state, principal, call_id)
 
 
 async def history(state: AppState, principal: Principal, call_id: str) -> dict[str, Any]:

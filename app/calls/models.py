@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from app.auth.principal import Principal
 from app.bodies import Body, JsonObject, Text
@@ -27,12 +27,21 @@ class ProposeBody(Body):
 
 
 class ExecuteBody(Body):
-    tool: str = Field(min_length=1, max_length=200)
-    arguments: JsonObject
+    """``tool`` and ``arguments`` may be left out when ``call_id`` names the call: it then
+    runs with its stored tool and normalized arguments; given, they must match it."""
+
+    tool: str | None = Field(default=None, min_length=1, max_length=200)
+    arguments: JsonObject | None = None
     approval_id: Text | None = Field(default=None, max_length=200)
     dry_run_id: Text | None = Field(default=None, max_length=200)
     call_id: Text | None = Field(default=None, max_length=200)
     run_id: Text | None = Field(default=None, max_length=200)
+
+    @model_validator(mode="after")
+    def _names_a_call(self) -> ExecuteBody:
+        if self.call_id is None and (self.tool is None or self.arguments is None):
+            raise ValueError("tool and arguments are required unless call_id names the call")
+        return self
 
 
 _KEY = re.compile(r'"([A-Za-z0-9_-]{16,255})"|([A-Za-z0-9_-]{16,255})')

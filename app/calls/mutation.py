@@ -39,7 +39,6 @@ from app.errors import (
     ApprovalRejected,
     IdempotencyInFlight,
     IdempotencyKeyReused,
-    InvalidRequest,
     ProviderTimeout,
     ProviderUnavailable,
     ToolgateError,
@@ -353,6 +352,7 @@ class Execution:
         call_id = existing.id if existing else None
         approval: ApprovalRow | None = None
         try:
+            gates.check_same_call(existing, call)
             if existing is not None and existing.state == "rejected":
                 raise ApprovalRejected("the approver rejected this call; the rejection is final")
             if authorized.decision.impact == "high":
@@ -362,8 +362,6 @@ class Execution:
                 call_id = call_id or approval.call_id
             elif tool.require_dry_run:
                 await gates.require_dry_run(self.state, authorized, self.dry_run_id)
-            if existing is not None and existing.fingerprint != call.fingerprint:
-                raise InvalidRequest("call_id names a call with another tool, target or arguments")
         except ToolgateError as error:
             if error.status in (403, 409):
                 async with self.state.db.transaction() as conn:

@@ -75,6 +75,20 @@ def fingerprint(tool: str, target: Target | None, arguments: Mapping[str, Any]) 
     return digest(document)
 
 
+def completed(tool: Tool, principal: Principal, raw: Any) -> Any:
+    """The arguments as the model was shown the tool: model-facing schemas leave out
+    ``x-identity`` arguments, so one that is absent (or ``null``) is the session's own user or
+    tenant, filled in here from the verified token. A value the model did send is kept, and
+    checked like any other (``precheck``: another user is ``identity_spoof``)."""
+    if not isinstance(raw, dict) or all(raw.get(arg) is not None for arg in tool.identity_args):
+        return raw
+    filled = dict(raw)
+    for arg, kind in tool.identity_args.items():
+        if filled.get(arg) is None:
+            filled[arg] = principal.sub if kind == "user" else principal.tenant
+    return filled
+
+
 def prepare(tool: Tool, raw: Any) -> PreparedCall:
     """Validate arguments against the tool's schema, filling defaults; raise on any error.
     Arguments that cannot be stored or canonicalized (``recordable``) are refused first."""
@@ -167,11 +181,17 @@ def _check_path_segments(tool: Tool, arguments: Mapping[str, Any]) -> None:
 
 
 def _with_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+    """Defaults filled in for absent properties, at every object level. ``null`` for a
+    property the schema does not require counts as absent: OpenAI's strict mode makes
+    every property required and has the model send ``null`` for the ones it leaves out."""
     if not isinstance(value, dict):
         return value
+    required = schema.get("required", ())
     for name, prop in schema.get("properties", {}).items():
         if not isinstance(prop, dict):
             continue
+        if name in value and value[name] is None and name not in required:
+            del value[name]
         if name not in value and "default" in prop:
             value[name] = copy.deepcopy(prop["default"])
         if name in value:

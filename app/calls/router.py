@@ -42,5 +42,8 @@ router.add_route("/execute", execute, methods=["POST"])
 
 
 @router.get("/calls/{call_id}")
-async def call_history(call_id: str, principal: CurrentPrincipal, state: State) -> JSON:
-    return JSON(await history.history(state, principal, call_id))
+async def call_history(
+    call_id: str, principal: CurrentPrincipal, state: State, wait: float | None = None
+) -> JSON:
+    """``wait=S``: answer once the call leaves a waiting state, or after S seconds."""
+    return JSON(await history.history_after(state, principal, call_id, wait))

@@ -15,7 +15,7 @@ from typing import Any
 from app import telemetry
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
-from app.calls import mutation, store
+from app.calls import gates, mutation, store
 from app.calls.authorization import authorize, check_run, visible_call
 from app.calls.models import (
     SETTLED,
@@ -41,7 +41,7 @@ from app.calls.recording import (
 from app.calls.results import classify, result_body
 from app.canonical import digest
 from app.db import Connection
-from app.errors import InvalidRequest, ProviderTimeout, ProviderUnavailable
+from app.errors import ApprovalMismatch, InvalidRequest, ProviderTimeout, ProviderUnavailable
 from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
 from app.state import AppState
@@ -108,7 +108,8 @@ async def execute(
     if existing is not None and body.run_id not in (None, existing.run_id):
         raise InvalidRequest("run_id differs from the run of call_id")
     run_id = body.run_id or (existing.run_id if existing else None)
-    request = Request.under(state.catalog, principal, body.tool, body.arguments, run_id)
+    tool_name, arguments = _what_to_run(body, existing)
+    request = Request.under(state.catalog, principal, tool_name, arguments, run_id)
     await check_run(state, principal, run_id)
     call_id = existing.id if existing else new_id("call")
     authorized = await authorize(state, request, call_id, existing)
@@ -120,15 +121,32 @@ async def execute(
     return Answer(await _read(state, authorized, existing, call_id))
 
 
+def _what_to_run(body: ExecuteBody, existing: CallRow | None) -> tuple[str, Any]:
+    """The tool and raw arguments to decide on: the body's, or else those of the call it
+    names (its normalized arguments, which decide to themselves). A tool other than the
+    call's is refused before anything is decided or recorded on that call."""
+    if existing is None:
+        assert body.tool is not None
+        assert body.arguments is not None
+        return body.tool, body.arguments
+    if body.tool is not None and body.tool != existing.tool:
+        raise ApprovalMismatch(
+            "call_id names a call of another tool", call_id=existing.id, mismatch=["tool"]
+        )
+    if body.arguments is not None:
+        return existing.tool, body.arguments
+    if existing.arguments is None:
+        raise InvalidRequest(
+            "a call denied before its arguments were valid cannot run", call_id=existing.id
+        )
+    return existing.tool, existing.arguments
+
+
 async def _read(
     state: AppState, authorized: Authorized, existing: CallRow | None, call_id: str
 ) -> dict[str, Any]:
     request, call, tool = authorized.request, authorized.call, authorized.tool
-    if existing is not None and (existing.tool, existing.fingerprint) != (
-        tool.name,
-        call.fingerprint,
-    ):
-        raise InvalidRequest("call_id names a call with another tool, target or arguments")
+    gates.check_same_call(existing, call)
     if request.run_id is not None:
         async with state.db.transaction() as conn:
             refusal = await admit_to_run(

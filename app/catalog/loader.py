@@ -188,6 +188,7 @@ def _tool(
     path_args.update(arg for arg, r in resource_args if r.owner.placeholders)
     return Tool(
         name=name,
+        title=t.title or name.replace("_", " ").strip().capitalize() or name,
         description=t.description,
         mutation=t.mutation,
         provider=providers[t.provider],
@@ -201,7 +202,7 @@ def _tool(
         access=t.access,
         cost=t.cost,
         parameters=t.parameters,
-        public_parameters=_strip_annotations(t.parameters),
+        public_parameters=_model_facing(t.parameters, identity),
         validator=validator,
         identity_args=identity,
         resource_args=resource_args,
@@ -331,6 +332,20 @@ def _annotation_keys(
         for i, item in enumerate(node):
             found.extend(_annotation_keys(item, (*path, i)))
     return found
+
+
+def _model_facing(parameters: dict[str, Any], identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema without its ``x-identity`` arguments (a model shown them guesses them, and
+    is refused; toolgate fills them from the token) and without any ``x-`` annotation."""
+    schema = dict(parameters)
+    if identity:
+        schema["properties"] = {
+            k: v for k, v in schema.get("properties", {}).items() if k not in identity
+        }
+        if "required" in schema:
+            schema["required"] = [k for k in schema["required"] if k not in identity]
+    stripped: dict[str, Any] = _strip_annotations(schema)
+    return stripped
 
 
 def _strip_annotations(node: Any, names: bool = False) -> Any:

@@ -57,6 +57,7 @@ def argument_text(value: Any) -> str:
 @dataclass(frozen=True)
 class Tool:
     name: str
+    title: str
     description: str
     mutation: bool
     provider: Provider
@@ -72,7 +73,8 @@ class Tool:
     parameters: Mapping[str, Any]
     """The schema as the catalog wrote it, annotations included."""
     public_parameters: Mapping[str, Any]
-    """The schema with every ``x-`` annotation stripped, for tool listings."""
+    """The schema a model is shown (tool listings): without ``x-identity`` arguments, which
+    toolgate fills in from the token, and with every ``x-`` annotation stripped."""
     validator: jsonschema_rs.Draft202012Validator
     identity_args: Mapping[str, Literal["user", "tenant"]]
     resource_args: tuple[tuple[str, Resource], ...]

@@ -12,5 +12,7 @@ router = APIRouter()
 
 
 @router.get("/catalog")
-async def catalog(principal: CurrentPrincipal, state: State, format: Format = "raw") -> JSON:
-    return JSON(listing(state.catalog, principal, format))
+async def catalog(
+    principal: CurrentPrincipal, state: State, format: Format = "raw", strict: bool = False
+) -> JSON:
+    return JSON(listing(state.catalog, principal, format, strict))

@@ -85,6 +85,8 @@ class ResultSpec(_Spec):
 class ToolSpec(_Spec):
     """One tool a model may call."""
 
+    title: str | None = Field(default=None, min_length=1)
+    """A human-readable name for tool listings (MCP's title); default: the name, humanized."""
     description: str = ""
     """Shown to models in tool listings."""
     mutation: bool

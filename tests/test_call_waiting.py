@@ -1,0 +1,129 @@
+"""GET /calls/{id}?wait=S: answered as soon as the call moves on, whichever instance moved it,
+through PostgreSQL's NOTIFY rather than polling; and still answered when listening fails."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+import httpx
+import pytest
+
+from app.db import LISTENER_NAME
+from tests.conftest import running_app
+from tests.flows import Auth, Flow, refund_args
+
+LISTENERS = (
+    "SELECT {} FROM pg_stat_activity"
+    f" WHERE application_name = '{LISTENER_NAME}' AND datname = current_database()"
+)
+
+
+@pytest.fixture
+def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
+    return Flow(client, auth)
+
+
+async def awaiting_approval(flow: Flow) -> tuple[str, str]:
+    """A refund waiting for its approver: (call_id, snapshot_hash)."""
+    proposal = await flow.propose("issue_refund", refund_args())
+    preview = await flow.dry_run(proposal["call_id"])
+    return proposal["call_id"], preview["snapshot_hash"]
+
+
+async def timed_get(
+    client: httpx.AsyncClient, url: str, auth: Auth
+) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = await client.get(url, headers=auth(), timeout=30)
+    return response, time.monotonic() - started
+
+
+async def wait_for_listeners(db: asyncpg.Connection, count: int) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        listening = await db.fetchval(LISTENERS.format("count(*)"))
+        if listening >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("toolgate is not listening")
+
+
+async def approve_soon(flow: Flow, call_id: str, snapshot_hash: str, after_s: float) -> float:
+    await asyncio.sleep(after_s)
+    response = await flow.approve(call_id, snapshot_hash)
+    assert response.status_code == 200, response.text
+    return time.monotonic()
+
+
+async def test_a_waiter_on_one_instance_wakes_when_another_instance_approves(
+    flow: Flow, env: dict[str, str], auth: Auth, db: asyncpg.Connection
+) -> None:
+    call_id, snapshot_hash = await awaiting_approval(flow)
+    async with running_app(env) as other:
+        await wait_for_listeners(db, 2)
+        waiter = asyncio.create_task(timed_get(other, f"/calls/{call_id}?wait=20", auth))
+        approved_at = await approve_soon(flow, call_id, snapshot_hash, 0.5)
+        response, elapsed = await waiter
+        answered_at = time.monotonic()
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "approved"
+    assert answered_at - approved_at < 1.0
+    assert 0.5 <= elapsed < 5
+
+
+async def test_a_call_that_is_not_waiting_is_answered_at_once(
+    flow: Flow, client: httpx.AsyncClient, auth: Auth
+) -> None:
+    proposal = await flow.propose("get_order", {"order_id": "ord_1"})
+    response, elapsed = await timed_get(client, f"/calls/{proposal['call_id']}?wait=30", auth)
+    assert (response.status_code, response.json()["state"]) == (200, "proposed")
+    assert elapsed < 1.0
+
+
+async def test_a_call_still_waiting_is_answered_when_the_time_is_up(
+    flow: Flow, client: httpx.AsyncClient, auth: Auth
+) -> None:
+    call_id, _ = await awaiting_approval(flow)
+    response, elapsed = await timed_get(client, f"/calls/{call_id}?wait=0.6", auth)
+    assert (response.status_code, response.json()["state"]) == (200, "awaiting_approval")
+    assert 0.6 <= elapsed < 2.0
+
+
+@pytest.mark.parametrize("wait", ["0", "-1", "60.5", "nan", "inf", "soon"])
+async def test_a_wait_outside_zero_to_sixty_seconds_is_an_invalid_request(
+    flow: Flow, client: httpx.AsyncClient, auth: Auth, wait: str
+) -> None:
+    call_id, _ = await awaiting_approval(flow)
+    response = await client.get(f"/calls/{call_id}?wait={wait}", headers=auth())
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_request")
+
+
+async def test_waiting_on_someone_elses_call_is_not_found(
+    flow: Flow, client: httpx.AsyncClient, auth: Auth
+) -> None:
+    call_id, _ = await awaiting_approval(flow)
+    started = time.monotonic()
+    response = await client.get(f"/calls/{call_id}?wait=5", headers=auth("carol", "globex"))
+    assert (response.status_code, response.json()["code"]) == (404, "not_found")
+    assert time.monotonic() - started < 1.0
+
+
+async def test_waiters_survive_a_dropped_listening_connection(
+    flow: Flow, env: dict[str, str], auth: Auth, db: asyncpg.Connection
+) -> None:
+    call_id, snapshot_hash = await awaiting_approval(flow)
+    async with running_app(env) as other:
+        await wait_for_listeners(db, 2)
+        waiter = asyncio.create_task(timed_get(other, f"/calls/{call_id}?wait=20", auth))
+        await asyncio.sleep(0.2)
+        await db.execute(LISTENERS.format("pg_terminate_backend(pid)"))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()  # woken to read again, still waiting
+        await wait_for_listeners(db, 2)
+        approved_at = await approve_soon(flow, call_id, snapshot_hash, 0.1)
+        response, _ = await waiter
+        answered_at = time.monotonic()
+    assert response.json()["state"] == "approved"
+    assert answered_at - approved_at < 1.0
