@@ -119,3 +119,21 @@ async def test_another_actor_cannot_run_a_call_by_its_id(flow: Flow, providers: 
 async def test_without_call_id_tool_and_arguments_are_required(flow: Flow) -> None:
     response = await flow.post("/execute", {"tool": "get_order"})
     assert (response.status_code, response.json()["code"]) == (400, "invalid_request")
+
+
+async def test_invalid_arguments_sent_for_an_approved_call_leave_it_runnable(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    proposal, _ = await flow.approved_refund()
+    call_id = proposal["call_id"]
+    typo = await by_call(flow, call_id, new_key(), arguments=refund_args(-1.0))
+    assert (typo.status_code, typo.json()["code"]) == (422, "invalid_arguments")
+    assert await db.fetchval("SELECT state FROM calls WHERE id = $1", call_id) == "approved"
+    denied = await db.fetchval(
+        "SELECT count(*) FROM audit_events WHERE call_id = $1 AND code = 'invalid_arguments'",
+        call_id,
+    )
+    assert denied == 1
+    runs = await by_call(flow, call_id, new_key())
+    assert runs.status_code == 200, runs.text
+    assert await effects(providers) == 1

@@ -24,10 +24,17 @@ T = TypeVar("T")
 
 
 async def authorize(
-    state: AppState, request: Request, call_id: str, existing: CallRow | None
+    state: AppState,
+    request: Request,
+    call_id: str,
+    existing: CallRow | None,
+    *,
+    own_arguments: bool = True,
 ) -> Authorized:
     """The whole decision on ``request``, recorded as the call ``call_id`` if it is a
-    denial (a new call unless ``existing``, which it then marks denied)."""
+    denial: a new call unless ``existing``. An existing call is marked denied only when the
+    request decided on its own stored arguments (``own_arguments``): a client that sends
+    other, invalid arguments for it is refused and audited, but cannot spoil the call."""
     telemetry.bind_call(request, call_id)
     call: PreparedCall | None = None
     try:
@@ -42,7 +49,13 @@ async def authorize(
         if error.code in DENIALS:
             async with state.db.transaction() as conn:
                 await write_denial(
-                    conn, request, call, call_id, error, new_call=existing is None, deny_call=True
+                    conn,
+                    request,
+                    call,
+                    call_id,
+                    error,
+                    new_call=existing is None,
+                    deny_call=own_arguments,
                 )
         raise
     return Authorized(request, call, decision)

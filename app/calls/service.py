@@ -112,7 +112,9 @@ async def execute(
     request = Request.under(state.catalog, principal, tool_name, arguments, run_id)
     await check_run(state, principal, run_id)
     call_id = existing.id if existing else new_id("call")
-    authorized = await authorize(state, request, call_id, existing)
+    authorized = await authorize(
+        state, request, call_id, existing, own_arguments=body.arguments is None
+    )
     if authorized.tool.mutation:
         execution = mutation.Execution(
             state, authorized, key.required(), existing, body.approval_id, body.dry_run_id
