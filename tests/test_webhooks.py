@@ -17,7 +17,9 @@ import pytest
 from aiohttp import web
 from standardwebhooks import Webhook
 
+from app.catalog.loader import CatalogError, load
 from app.webhooks import sender, signing
+from tests.catalogs import BASE, write
 from tests.conftest import ROOT, make_env, running_app, serving
 from tests.flows import Flow, new_key, refund_args
 
@@ -214,3 +216,51 @@ async def test_a_url_removed_from_the_catalog_after_the_event_is_never_sent_to(
     assert await outbox(lone_database) == []
     assert endpoint.accepted == []
     assert endpoint.refused == 0
+
+
+NOTIFY = "notify:\n  - {url: %s, events: %s, secret_env: %s}\n"
+
+
+@pytest.mark.parametrize(
+    ("entry", "env", "path", "message"),
+    [
+        (("ftp://h/x", "[run.ended]", "S"), {"S": SECRET}, "notify.0.url", "http(s) URL"),
+        (("http:///x", "[run.ended]", "S"), {"S": SECRET}, "notify.0.url", "http(s) URL"),
+        (('"http://h/a b"', "[run.ended]", "S"), {"S": SECRET}, "notify.0.url", "percent"),
+        (('"${HOOK_URL}"', "[run.ended]", "S"), {"S": SECRET}, "notify.0.url", "HOOK_URL"),
+        (("http://h/x", "[call.started]", "S"), {"S": SECRET}, "notify.0.events.0", "Input"),
+        (("http://h/x", "[]", "S"), {"S": SECRET}, "notify.0.events", "at least 1"),
+        (("http://h/x", "[run.ended]", "S"), {}, "notify.0.secret_env", "not set"),
+        (("http://h/x", "[run.ended]", "S"), {"S": "hunter2"}, "notify.0.secret_env", "whsec_"),
+        (("http://h/x", "[run.ended]", "S"), {"S": "whsec_c2hvcnQ="}, "notify.0.secret_env", "24"),
+        (("http://h/x", "[run.ended]", "S"), {"S": "whsec_!!"}, "notify.0.secret_env", "whsec_"),
+    ],
+)
+def test_a_notify_entry_that_cannot_be_delivered_refuses_the_catalog(
+    tmp_path: Path, entry: tuple[str, str, str], env: dict[str, str], path: str, message: str
+) -> None:
+    with pytest.raises(CatalogError) as refused:
+        load(write(tmp_path, BASE + NOTIFY % entry), env)
+    (problem,) = refused.value.problems
+    assert ".".join(map(str, problem.path)) == path
+    assert message in problem.message
+
+
+def test_notify_urls_and_secrets_come_from_the_environment(tmp_path: Path) -> None:
+    text = BASE + NOTIFY % ('"${HOOK_URL}"', "[run.ended, call.executed]", "S")
+    catalog = load(write(tmp_path, text), {"S": SECRET, "HOOK_URL": "https://hooks.example/t"})
+    assert catalog.subscribers("run.ended") == ("https://hooks.example/t",)
+    assert catalog.subscribers("approval.requested") == ()
+    assert catalog.webhooks[0].secret == SECRET
+    assert SECRET not in repr(catalog.webhooks[0])
+
+
+def test_only_one_file_of_a_catalog_directory_may_list_notify(tmp_path: Path) -> None:
+    write(tmp_path, BASE)
+    write(tmp_path, NOTIFY % ("http://h/a", "[run.ended]", "S"), "a.yaml")
+    write(tmp_path, NOTIFY % ("http://h/b", "[run.ended]", "S"), "b.yaml")
+    with pytest.raises(CatalogError) as refused:
+        load(tmp_path, {"S": SECRET})
+    (problem,) = refused.value.problems
+    assert problem.path == ("notify",)
+    assert problem.message == "defined more than once"

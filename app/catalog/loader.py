@@ -156,6 +156,9 @@ def _webhook(
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
         source.problem((*where, "url"), "must be an http(s) URL with a host")
         return None
+    if not url.isascii() or not url.isprintable() or " " in url:
+        source.problem((*where, "url"), "must be written percent-encoded")
+        return None
     secret = env.get(n.secret_env)
     if secret is None:
         source.problem((*where, "secret_env"), f"environment variable {n.secret_env} is not set")
