@@ -43,6 +43,7 @@ from app.responses import JSON, problem
 from app.runs import router as runs
 from app.settings import ConfigError, Settings
 from app.state import AppState
+from app.webhooks import sender as webhooks
 
 PURGE_EVERY_S = 60.0
 MAX_BODY_BYTES = 1 << 20
@@ -127,6 +128,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         asyncio.create_task(purge_expired_records(state)),
         asyncio.create_task(reconciler.run(state)),
         asyncio.create_task(state.waiters.listen(state.db)),
+        asyncio.create_task(webhooks.run(state)),
     }
     if app.state.seal_in_lifespan:
         tasks.add(audit_sealer.start(state.db, state.settings))

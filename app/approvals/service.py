@@ -34,6 +34,7 @@ from app.errors import (
 )
 from app.ids import new_id
 from app.state import AppState
+from app.webhooks import store as webhooks
 
 
 async def approve(state: AppState, principal: Principal, body: ApproveBody) -> dict[str, Any]:
@@ -75,6 +76,12 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
         repeated = _repeated(approval, call_state, await store.standing(conn, call.id))
         if repeated is None:
             await _record(conn, approval, call, tool, catalog.policy_version, started)
+            decided = "approved" if approval.decision == "approve" else "rejected"
+            data = webhooks.call_data(
+                call.id, call.tool, call.tenant, call.actor, call.run_id, decided
+            )
+            data.update(approval_id=approval.id, approver=approval.approver)
+            await webhooks.announce(conn, catalog, webhooks.APPROVAL_DECIDED, data)
     return _answer(repeated or approval)
 
 

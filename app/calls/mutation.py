@@ -48,6 +48,7 @@ from app.ids import new_id
 from app.outbound import NotSent, Response, Uncertain
 from app.runs import service as runs
 from app.state import AppState
+from app.webhooks import store as webhooks
 
 LOCK_MARGIN_S = 5.0
 FINISHED = ("succeeded", "failed")
@@ -140,7 +141,9 @@ class OpenExecution:
         args = (record.operation_id, status, response.status, answer, audit)
         first: ExecutionRow | None = None
         try:
-            if request.run_id is None:  # one statement: atomic by itself
+            if request.run_id is None and not request.catalog.subscribers(
+                webhooks.CALL_EXECUTED
+            ):  # one statement: atomic by itself
                 async with self.state.db.connection() as conn:
                     changed = await store.finish(conn, *args)
             else:
@@ -149,6 +152,19 @@ class OpenExecution:
                     if changed:
                         await recording.record_run_outcome(
                             conn, request, self.call, status, answer["result"]
+                        )
+                        await webhooks.announce(
+                            conn,
+                            request.catalog,
+                            webhooks.CALL_EXECUTED,
+                            webhooks.call_data(
+                                record.call_id,
+                                record.tool,
+                                record.tenant,
+                                record.actor,
+                                request.run_id,
+                                status,
+                            ),
                         )
             if not changed:  # another worker (whose lock had lapsed) recorded it first
                 async with self.state.db.connection() as conn:

@@ -136,6 +136,7 @@ async def admit_to_run(
         authorized.principal,
         authorized.run_id,
         authorized.call.fingerprint,
+        authorized.request.catalog,
         new_call=new_call,
         cost=cost,
     )

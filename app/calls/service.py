@@ -45,6 +45,7 @@ from app.errors import ApprovalMismatch, InvalidRequest, ProviderTimeout, Provid
 from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
 from app.state import AppState
+from app.webhooks import store as webhooks
 
 DRY_RUN_TTL_S = 300
 TOO_LARGE = "the provider's response is too large"
@@ -69,7 +70,8 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
         reason=f"next: {decision.next}",
         authorized_by=row.authorized_by,
     )
-    if request.run_id is None:
+    announced = awaiting is not None and request.catalog.subscribers(webhooks.APPROVAL_REQUESTED)
+    if request.run_id is None and not announced:
         async with state.db.connection() as conn:
             await store.insert_with_audit(conn, row, event)
     else:
@@ -81,6 +83,15 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
                 )
             else:
                 await store.insert_with_audit(conn, row, event)
+                if awaiting is not None:
+                    await webhooks.announce(
+                        conn,
+                        request.catalog,
+                        webhooks.APPROVAL_REQUESTED,
+                        webhooks.call_data(
+                            row.id, row.tool, row.tenant, row.actor, row.run_id, row.state
+                        ),
+                    )
         if refusal is not None:
             raise refusal
     telemetry.decided(authorized, call_id)
@@ -217,7 +228,7 @@ async def _record_read(
         },
         provider_ms=provider_ms,
     )
-    if request.run_id is None:
+    if request.run_id is None and not request.catalog.subscribers(webhooks.CALL_EXECUTED):
         async with state.db.connection() as conn:
             await _write_call(conn, existing, row, event)
     else:
@@ -225,6 +236,12 @@ async def _record_read(
             await _write_call(conn, existing, row, event)
             await record_run_outcome(
                 conn, request, call, status, answer["result"] if answer else None
+            )
+            await webhooks.announce(
+                conn,
+                request.catalog,
+                webhooks.CALL_EXECUTED,
+                webhooks.call_data(row.id, row.tool, row.tenant, row.actor, row.run_id, row.state),
             )
     telemetry.decided(authorized, call_id, quiet=True)
     telemetry.executed(request.tool_name, call_id, status)
@@ -285,12 +302,26 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
     next_step = "approval" if authorized.decision.impact == "high" else "execute"
     async with state.db.transaction() as conn:
         await store.insert_dry_run(conn, row)
-        await store.set_state(
+        moved = await store.set_state(
             conn,
             existing.id,
             "awaiting_approval" if next_step == "approval" else "previewed",
             unless=SETTLED,
         )
+        if moved and next_step == "approval" and existing.state != "awaiting_approval":
+            await webhooks.announce(
+                conn,
+                request.catalog,
+                webhooks.APPROVAL_REQUESTED,
+                webhooks.call_data(
+                    existing.id,
+                    existing.tool,
+                    existing.tenant,
+                    existing.actor,
+                    existing.run_id,
+                    "awaiting_approval",
+                ),
+            )
         await append(
             conn,
             audit_event(

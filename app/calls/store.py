@@ -47,14 +47,16 @@ async def set_state_with_audit(
 
 async def set_state(
     conn: Connection, call_id: str, state: str, *, unless: tuple[str, ...] = ()
-) -> None:
-    """Move the call to ``state``, unless it is in one of the states ``unless``."""
-    await conn.execute(
+) -> bool:
+    """Move the call to ``state``, unless it is in one of the states ``unless``; whether it
+    moved."""
+    status = await conn.execute(
         "UPDATE calls SET state = $2, updated_at = now() WHERE id = $1 AND state <> ALL($3)",
         call_id,
         state,
         list(unless),
     )
+    return bool(status.endswith(" 1"))
 
 
 async def lock(conn: Connection, call_id: str) -> str:

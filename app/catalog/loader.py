@@ -6,7 +6,9 @@ Everything ``toolgate check`` refuses (docs/catalog.md) is refused here, so ``se
 
 from __future__ import annotations
 
+import binascii
 import re
+from base64 import b64decode
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,9 +19,16 @@ import jsonschema_rs
 import pydantic
 
 from app.canonical import digest
-from app.catalog.models import Catalog, Endpoint, Impact, Provider, Resource, Tool
+from app.catalog.models import Catalog, Endpoint, Impact, Provider, Resource, Tool, Webhook
 from app.catalog.source import Problem, Source, interpolate, read
-from app.catalog.spec import CatalogSpec, EndpointSpec, ProviderSpec, ResourceSpec, ToolSpec
+from app.catalog.spec import (
+    CatalogSpec,
+    EndpointSpec,
+    NotifySpec,
+    ProviderSpec,
+    ResourceSpec,
+    ToolSpec,
+)
 
 ANNOTATIONS = {"x-identity", "x-resource", "x-egress", "x-sensitive"}
 CEL_VARIABLES = {"args", "principal"}
@@ -118,13 +127,53 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
         tool = _tool(name, t, providers, resources, spec, source)
         if tool is not None:
             tools[name] = tool
+    webhooks = tuple(
+        webhook
+        for i, n in enumerate(spec.notify)
+        if (webhook := _webhook(n, ("notify", i), env, source)) is not None
+    )
     if source.problems:
         return None
     return Catalog(
         label=spec.version,
         policy_version=f"{spec.version}#{digest(source.document)[7:13]}",
         tools=tools,
+        webhooks=webhooks,
     )
+
+
+def _webhook(
+    n: NotifySpec, where: tuple[str | int, ...], env: Mapping[str, str], source: Source
+) -> Webhook | None:
+    """A webhook whose URL and secret are usable now: a missing secret fails the load, not
+    every later delivery."""
+    try:
+        url = interpolate(n.url, env)
+    except KeyError as missing:
+        source.problem((*where, "url"), f"environment variable {missing} is not set")
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
+        source.problem((*where, "url"), "must be an http(s) URL with a host")
+        return None
+    if not url.isascii() or not url.isprintable() or " " in url:
+        source.problem((*where, "url"), "must be written percent-encoded")
+        return None
+    secret = env.get(n.secret_env)
+    if secret is None:
+        source.problem((*where, "secret_env"), f"environment variable {n.secret_env} is not set")
+        return None
+    try:
+        key = b64decode(secret.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if not secret.startswith("whsec_") or len(key) < 24:
+        source.problem(
+            (*where, "secret_env"),
+            f"{n.secret_env} must hold whsec_ and at least 24 base64-encoded random bytes",
+        )
+        return None
+    return Webhook(url=url, events=frozenset(n.events), secret=secret)
 
 
 def _tool(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import cel
@@ -88,7 +88,21 @@ class Tool:
 
 
 @dataclass(frozen=True)
+class Webhook:
+    """A ``notify`` entry, its URL interpolated and its secret read from the environment."""
+
+    url: str
+    events: frozenset[str]
+    secret: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class Catalog:
     label: str
     policy_version: str
     tools: Mapping[str, Tool]
+    webhooks: tuple[Webhook, ...] = ()
+
+    def subscribers(self, event: str) -> tuple[str, ...]:
+        """The URLs told of ``event``: empty (and nothing to store) in most catalogs."""
+        return tuple(w.url for w in self.webhooks if event in w.events)

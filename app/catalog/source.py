@@ -95,6 +95,9 @@ def _merge(source: Source, file: Path) -> None:
                         Problem(where[0], where[1], (key, entry), "defined more than once")
                     )
                 section[entry] = spec
+        elif key == "notify" and key in source.document:
+            where = lines.get((key,), (name, None))
+            source.problems.append(Problem(where[0], where[1], (key,), "defined more than once"))
         elif key == "version" and "version" in source.document:
             if source.document["version"] != value:
                 where = lines.get(("version",), (name, None))

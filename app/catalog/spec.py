@@ -115,6 +115,21 @@ class ToolSpec(_Spec):
     result: ResultSpec = Field(default_factory=ResultSpec)
 
 
+WebhookEvent = Literal["approval.requested", "approval.decided", "call.executed", "run.ended"]
+
+
+class NotifySpec(_Spec):
+    """An HTTP endpoint told of events as signed webhooks (Standard Webhooks)."""
+
+    url: str = Field(min_length=1)
+    """http(s) URL each event is POSTed to; may use ${NAME} or ${NAME:-default} environment
+    references. Deliveries go only to URLs the current catalog names."""
+    events: list[WebhookEvent] = Field(min_length=1)
+    """Which events this endpoint is told of."""
+    secret_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The environment variable holding the signing secret, whsec_ and base64."""
+
+
 class CatalogSpec(_Spec):
     """A toolgate catalog: a file, or one of the *.yaml files of a catalog directory."""
 
@@ -125,6 +140,8 @@ class CatalogSpec(_Spec):
     providers: dict[str, ProviderSpec] = Field(default_factory=dict)
     resources: dict[str, ResourceSpec] = Field(default_factory=dict)
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
+    notify: list[NotifySpec] = Field(default_factory=list)
+    """Webhook endpoints; in a catalog directory, at most one file has this list."""
 
 
 def json_schema() -> dict[str, Any]:

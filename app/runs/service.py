@@ -13,12 +13,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.auth.principal import Principal
+from app.catalog.models import Catalog
 from app.db import Connection
 from app.errors import InvalidRequest, NotFound, RepeatedCall, RunLimitExceeded, ToolgateError
 from app.ids import new_id
 from app.runs import store
 from app.runs.models import SERVER_MAXIMA, FinishBody, RunBody, RunRow
 from app.state import AppState
+from app.webhooks import store as webhooks
 
 
 async def create(state: AppState, principal: Principal, body: RunBody) -> dict[str, Any]:
@@ -60,6 +62,7 @@ async def admit(
     principal: Principal,
     run_id: str,
     fingerprint: str | None,
+    catalog: Catalog,
     *,
     new_call: bool,
     cost: float,
@@ -80,13 +83,13 @@ async def admit(
         and await store.repeats(conn, run.id, fingerprint) >= run.max_repeats
     ):
         reason = f"the same call failed or came back empty {run.max_repeats} times"
-        await store.finish(conn, run.id, "needs_clarification", reason)
+        await _end(conn, catalog, run, "needs_clarification", reason)
         return RepeatedCall(reason, run_id=run.id, run_status="needs_clarification")
     if await store.admit(conn, run.id, 1 if new_call else 0, cost):
         return None
     limit = _exceeded(run, 1 if new_call else 0, cost)
     reason = f"{limit} reached"
-    await store.finish(conn, run.id, "failed", reason, recoverable=True, limit_name=limit)
+    await _end(conn, catalog, run, "failed", reason, recoverable=True, limit_name=limit)
     return RunLimitExceeded(
         f"the run's {limit} is reached",
         run_id=run.id,
@@ -94,6 +97,27 @@ async def admit(
         limit=limit,
         recoverable=True,
     )
+
+
+async def _end(
+    conn: Connection,
+    catalog: Catalog,
+    run: RunRow,
+    status: str,
+    reason: str | None,
+    *,
+    recoverable: bool | None = None,
+    limit_name: str | None = None,
+) -> bool:
+    """End an active run, announced in the same transaction; ``False`` when it had already
+    ended."""
+    if not await store.finish(
+        conn, run.id, status, reason, recoverable=recoverable, limit_name=limit_name
+    ):
+        return False
+    data = {"run_id": run.id, "tenant": run.tenant, "actor": run.actor, "status": status}
+    await webhooks.announce(conn, catalog, webhooks.RUN_ENDED, {**data, "reason": reason})
+    return True
 
 
 def _exceeded(run: RunRow, calls: int, cost: float) -> str:
@@ -174,6 +198,6 @@ async def finish(
 ) -> dict[str, Any]:
     async with state.db.transaction() as conn:
         run = await visible(conn, principal, run_id)
-        if not await store.finish(conn, run.id, body.status, body.reason):
+        if not await _end(conn, state.catalog, run, body.status, body.reason):
             raise InvalidRequest(f"the run has already ended ({run.status})", run_id=run.id)
     return await read(state, principal, run_id)

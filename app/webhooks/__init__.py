@@ -1,0 +1,1 @@
+"""Webhooks: events announced to the catalog's ``notify`` endpoints, at least once."""

@@ -1,0 +1,102 @@
+"""Sending the webhook outbox, on every instance, for as long as the app runs.
+
+- **At least once.** A delivery is claimed by moving its ``next_at`` a lease ahead (one
+  short statement, ``FOR UPDATE SKIP LOCKED``, so instances share the work), sent with no
+  transaction open, then marked delivered or given a retry time. A sender that dies between
+  the send and the mark leaves it to come due again when the lease runs out: the receiver
+  may see it twice, with the same ``webhook-id``.
+- **Only to the catalog's URLs.** Each delivery is sent only if the current catalog still
+  names its URL for its event, signed with that entry's current secret; otherwise it is
+  dropped and logged.
+- **Backoff.** A refused or failed delivery is retried after ``BACKOFF_S`` doubled per
+  attempt, capped at ``MAX_BACKOFF_S``, with jitter so endpoints coming back are not hit by
+  every instance at once. Redirects are not followed: a 3xx is a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+import orjson
+
+from app.errors import Unavailable
+from app.outbound import NotSent, Uncertain
+from app.state import AppState
+from app.webhooks import signing, store
+from app.webhooks.store import Delivery
+
+EVERY_S = 1.0
+BATCH = 20
+TIMEOUT_S = 10.0
+LEASE_S = TIMEOUT_S * 3
+BACKOFF_S = 5.0
+MAX_BACKOFF_S = 3600.0
+MAX_ANSWER_BYTES = 64 << 10
+log = logging.getLogger("toolgate")
+
+
+async def run(state: AppState) -> None:
+    """A pass every ``EVERY_S``; database trouble postpones to the next."""
+    while True:
+        await asyncio.sleep(EVERY_S)
+        try:
+            await send_due(state)
+        except Unavailable as exc:
+            log.warning("webhook deliveries postponed: %s", exc.detail)
+        except Exception:
+            log.exception("webhook pass failed; retrying on the next tick")
+
+
+async def send_due(state: AppState) -> int:
+    """One pass: the number of deliveries attempted."""
+    async with state.db.connection() as conn:
+        deliveries = await store.claim(conn, BATCH, LEASE_S)
+    await asyncio.gather(*(_send(state, delivery) for delivery in deliveries))
+    return len(deliveries)
+
+
+async def _send(state: AppState, delivery: Delivery) -> None:
+    webhook = next(
+        (w for w in state.catalog.webhooks if w.url == delivery.url and delivery.event in w.events),
+        None,
+    )
+    if webhook is None:
+        async with state.db.connection() as conn:
+            await store.drop(conn, delivery.id)
+        log.warning(
+            "webhook %s dropped: the catalog no longer sends %s to %s",
+            delivery.id,
+            delivery.event,
+            delivery.url,
+        )
+        return
+    body = orjson.dumps(delivery.payload)
+    headers = signing.headers(webhook.secret, delivery.id, int(time.time()), body)
+    try:
+        response = await state.outbound.request(
+            "POST",
+            delivery.url,
+            timeout_s=TIMEOUT_S,
+            headers=headers,
+            json=delivery.payload,  # serialized as ``body`` was: the bytes signed
+            max_bytes=MAX_ANSWER_BYTES,
+        )
+        error = None if 200 <= response.status < 300 else f"answered {response.status}"
+    except (NotSent, Uncertain) as exc:
+        error = str(exc)[:500]
+    async with state.db.connection() as conn:
+        if error is None:
+            await store.delivered(conn, delivery.id)
+        else:
+            await store.retry(conn, delivery.id, backoff(delivery.attempts), error)
+            log.info("webhook %s to %s failed: %s", delivery.id, delivery.url, error)
+
+
+def backoff(attempts: int) -> float:
+    """Seconds before the next try after ``attempts`` failed ones: doubling, capped, and
+    jittered down by up to half."""
+    delay: float = min(MAX_BACKOFF_S, BACKOFF_S * 2.0 ** min(attempts - 1, 30))
+    return delay * random.uniform(0.5, 1.0)

@@ -1,0 +1,266 @@
+"""Webhooks: each event reaches the catalog's endpoints signed as Standard Webhooks, at
+least once, across endpoint outages and restarts of toolgate, and never reaches a URL the
+current catalog does not name."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from base64 import b64encode
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp import web
+from standardwebhooks import Webhook
+
+from app.catalog.loader import CatalogError, load
+from app.webhooks import sender, signing
+from tests.catalogs import BASE, write
+from tests.conftest import ROOT, make_env, running_app, serving
+from tests.flows import Flow, new_key, refund_args
+
+SECRET = "whsec_" + b64encode(secrets.token_bytes(32)).decode()
+EVENTS = ["approval.requested", "approval.decided", "call.executed", "run.ended"]
+
+
+class Receiver:
+    """A webhook endpoint that verifies every signature, answers 503 while ``down``, and
+    keeps what it accepted."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.refused = 0
+        self.accepted: list[dict[str, Any]] = []
+        self.ids: list[str] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        payload = Webhook(SECRET).verify(body, dict(request.headers))
+        if self.down:
+            self.refused += 1
+            return web.Response(status=503)
+        self.accepted.append(payload)
+        self.ids.append(request.headers["webhook-id"])
+        return web.Response(status=204)
+
+    def types(self) -> list[str]:
+        return sorted(p["type"] for p in self.accepted)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
+    endpoint = Receiver()
+    application = web.Application()
+    application.router.add_post("/hooks", endpoint.handle)
+    async with serving(application) as url:
+        yield endpoint, f"{url}/hooks"
+
+
+def catalog_with(tmp_path: Path, url: str | None) -> str:
+    """The demo catalog in a directory of its own, telling ``url`` of every event."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "demo.yaml").write_text((ROOT / "catalog" / "demo.yaml").read_text())
+    if url is not None:
+        (tmp_path / "notify.yaml").write_text(
+            f"notify:\n  - url: {url}\n    events: {EVENTS}\n    secret_env: HOOK_SECRET\n"
+        )
+    return str(tmp_path)
+
+
+@pytest.fixture
+def hook_env(lone_database: str, redis_url: str, providers_url: str) -> dict[str, str]:
+    return make_env(lone_database, redis_url, providers_url, HOOK_SECRET=SECRET)
+
+
+async def outbox(database_url: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return list(await conn.fetch("SELECT * FROM webhook_outbox ORDER BY created_at"))
+    finally:
+        await conn.close()
+
+
+async def until(condition: Any, seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture(autouse=True)
+def quick_sender(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sender, "EVERY_S", 0.05)
+    monkeypatch.setattr(sender, "BACKOFF_S", 0.1)
+
+
+async def approved_refund_executed(flow: Flow) -> None:
+    """approval.requested, approval.decided and call.executed, once each."""
+    _proposal, approval_id = await flow.approved_refund()
+    response = await flow.execute("issue_refund", refund_args(), new_key(), approval_id=approval_id)
+    assert response.status_code == 200, response.text
+
+
+def test_own_signatures_verify_with_the_reference_library() -> None:
+    headers = signing.headers(SECRET, "msg_1", 1_700_000_000, b'{"a":1}')
+    with pytest.raises(Exception, match="too old"):
+        Webhook(SECRET).verify(b'{"a":1}', headers)  # verified up to the timestamp check
+    fresh = signing.headers(SECRET, "msg_1", int(time.time()), b'{"a":1}')
+    assert Webhook(SECRET).verify(b'{"a":1}', fresh) == {"a": 1}
+    with pytest.raises(Exception, match="No matching signature"):
+        Webhook(SECRET).verify(b'{"a":2}', fresh)
+
+
+async def test_every_event_reaches_the_endpoint_signed(
+    hook_env: dict[str, str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+    auth: Any,
+    lone_database: str,
+) -> None:
+    endpoint, url = receiver
+    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
+    async with running_app(env) as client:
+        flow = Flow(client, auth)
+        await approved_refund_executed(flow)
+        run = await client.post("/runs", json={}, headers=auth())
+        assert run.status_code == 200, run.text
+        ended = await client.post(
+            f"/runs/{run.json()['run_id']}/finish", json={"status": "completed"}, headers=auth()
+        )
+        assert ended.status_code == 200, ended.text
+        await until(lambda: len(endpoint.accepted) == 4)
+        await asyncio.sleep(0.3)  # nothing more comes
+    assert endpoint.types() == sorted(EVENTS)
+    executed = next(p for p in endpoint.accepted if p["type"] == "call.executed")
+    assert executed["data"]["status"] == "succeeded"
+    assert executed["data"]["actor"] == "alice"
+    assert "arguments" not in executed["data"]
+    rows = await outbox(lone_database)
+    assert [r["delivered_at"] is not None for r in rows] == [True] * 4
+    assert sorted(r["id"] for r in rows) == sorted(endpoint.ids)
+
+
+async def test_an_endpoint_that_is_down_for_a_while_gets_the_event_once_it_is_back(
+    hook_env: dict[str, str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+    auth: Any,
+    lone_database: str,
+) -> None:
+    endpoint, url = receiver
+    endpoint.down = True
+    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
+    async with running_app(env) as client:
+        run = await client.post("/runs", json={}, headers=auth())
+        ended = await client.post(
+            f"/runs/{run.json()['run_id']}/finish", json={"status": "completed"}, headers=auth()
+        )
+        assert ended.status_code == 200, ended.text
+        await until(lambda: endpoint.refused >= 3)
+        (row,) = await outbox(lone_database)
+        assert row["delivered_at"] is None
+        assert row["last_error"] == "answered 503"
+        endpoint.down = False
+        await until(lambda: len(endpoint.accepted) == 1)
+    assert endpoint.types() == ["run.ended"]
+    (row,) = await outbox(lone_database)
+    assert row["delivered_at"] is not None
+    assert row["attempts"] == endpoint.refused + 1
+
+
+async def test_an_event_survives_a_restart_of_toolgate_before_delivery(
+    hook_env: dict[str, str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+    auth: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    endpoint, url = receiver
+    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
+    monkeypatch.setattr(sender, "EVERY_S", 3600.0)  # the first instance never sends
+    async with running_app(env) as client:
+        await approved_refund_executed(Flow(client, auth))
+    assert endpoint.accepted == []
+    monkeypatch.setattr(sender, "EVERY_S", 0.05)
+    async with running_app(env):
+        await until(lambda: len(endpoint.accepted) == 3)
+    assert endpoint.types() == ["approval.decided", "approval.requested", "call.executed"]
+
+
+async def test_a_url_removed_from_the_catalog_after_the_event_is_never_sent_to(
+    hook_env: dict[str, str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+    auth: Any,
+    lone_database: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    endpoint, url = receiver
+    monkeypatch.setattr(sender, "EVERY_S", 3600.0)
+    with_hook = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path / "a", url)}
+    async with running_app(with_hook) as client:
+        await approved_refund_executed(Flow(client, auth))
+    assert len(await outbox(lone_database)) == 3
+    monkeypatch.setattr(sender, "EVERY_S", 0.05)
+    without = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path / "b", None)}
+    async with running_app(without):
+        for _ in range(100):
+            if not await outbox(lone_database):
+                break
+            await asyncio.sleep(0.05)
+    assert await outbox(lone_database) == []
+    assert endpoint.accepted == []
+    assert endpoint.refused == 0
+
+
+NOTIFY = "notify:\n  - {url: %s, events: %s, secret_env: %s}\n"
+
+
+@pytest.mark.parametrize(
+    ("entry", "env", "path", "message"),
+    [
+        (("ftp://h/x", "[run.ended]", "S"), {"S": SECRET}, "notify.0.url", "http(s) URL"),
+        (("http:///x", "[run.ended]", "S"), {"S": SECRET}, "notify.0.url", "http(s) URL"),
+        (('"http://h/a b"', "[run.ended]", "S"), {"S": SECRET}, "notify.0.url", "percent"),
+        (('"${HOOK_URL}"', "[run.ended]", "S"), {"S": SECRET}, "notify.0.url", "HOOK_URL"),
+        (("http://h/x", "[call.started]", "S"), {"S": SECRET}, "notify.0.events.0", "Input"),
+        (("http://h/x", "[]", "S"), {"S": SECRET}, "notify.0.events", "at least 1"),
+        (("http://h/x", "[run.ended]", "S"), {}, "notify.0.secret_env", "not set"),
+        (("http://h/x", "[run.ended]", "S"), {"S": "hunter2"}, "notify.0.secret_env", "whsec_"),
+        (("http://h/x", "[run.ended]", "S"), {"S": "whsec_c2hvcnQ="}, "notify.0.secret_env", "24"),
+        (("http://h/x", "[run.ended]", "S"), {"S": "whsec_!!"}, "notify.0.secret_env", "whsec_"),
+    ],
+)
+def test_a_notify_entry_that_cannot_be_delivered_refuses_the_catalog(
+    tmp_path: Path, entry: tuple[str, str, str], env: dict[str, str], path: str, message: str
+) -> None:
+    with pytest.raises(CatalogError) as refused:
+        load(write(tmp_path, BASE + NOTIFY % entry), env)
+    (problem,) = refused.value.problems
+    assert ".".join(map(str, problem.path)) == path
+    assert message in problem.message
+
+
+def test_notify_urls_and_secrets_come_from_the_environment(tmp_path: Path) -> None:
+    text = BASE + NOTIFY % ('"${HOOK_URL}"', "[run.ended, call.executed]", "S")
+    catalog = load(write(tmp_path, text), {"S": SECRET, "HOOK_URL": "https://hooks.example/t"})
+    assert catalog.subscribers("run.ended") == ("https://hooks.example/t",)
+    assert catalog.subscribers("approval.requested") == ()
+    assert catalog.webhooks[0].secret == SECRET
+    assert SECRET not in repr(catalog.webhooks[0])
+
+
+def test_only_one_file_of_a_catalog_directory_may_list_notify(tmp_path: Path) -> None:
+    write(tmp_path, BASE)
+    write(tmp_path, NOTIFY % ("http://h/a", "[run.ended]", "S"), "a.yaml")
+    write(tmp_path, NOTIFY % ("http://h/b", "[run.ended]", "S"), "b.yaml")
+    with pytest.raises(CatalogError) as refused:
+        load(tmp_path, {"S": SECRET})
+    (problem,) = refused.value.problems
+    assert problem.path == ("notify",)
+    assert problem.message == "defined more than once"
