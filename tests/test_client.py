@@ -14,6 +14,7 @@ import asyncpg
 import httpx
 import pytest
 from toolgate_client import AsyncClient, Client, Retry, ToolgateError
+from toolgate_client._core import Operations, Pause, Walk
 
 from tests.conftest import Providers
 from tests.flows import refund_args
@@ -197,3 +198,63 @@ async def test_runs_catalog_and_audit_are_read_through_the_client(
     assert [item["event"] for item in page["items"]] == ["proposed"]
     assert exported == page["items"]
     assert verified["first_broken"] is None
+
+
+def answered(status: int, code: str) -> httpx.Response:
+    return httpx.Response(status, json={"code": code, "status": status, "detail": code})
+
+
+def carried(answers: list[httpx.Response | httpx.TransportError]) -> tuple[int, Any]:
+    """The execute plan carried out against ``answers`` in turn, no I/O: (requests, result
+    or the error raised)."""
+    with Client("http://toolgate", "token", retry=Retry(attempts=3)) as client:
+        plan = Operations.__dict__["execute"].plan(client, "call_1", idempotency_key="k" * 16)
+    walk, sent = Walk(plan), 0
+    try:
+        for step in walk:
+            if isinstance(step, Pause):
+                continue
+            assert step.headers["Idempotency-Key"] == "k" * 16
+            outcome, sent = answers[sent], sent + 1
+            if isinstance(outcome, httpx.TransportError):
+                walk.fail(outcome)
+            else:
+                walk.answer(outcome)
+    except ToolgateError as error:
+        return sent, error
+    return sent, walk.result
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (403, "approval_required"),
+        (409, "approval_consumed"),
+        (422, "idempotency_key_reused"),
+        (429, "run_limit_exceeded"),
+        (504, "not_a_timeout"),
+    ],
+)
+def test_execute_never_retries_a_refusal(status: int, code: str) -> None:
+    sent, error = carried([answered(status, code)] * 3)
+    assert sent == 1
+    assert (error.code, error.idempotency_key) == (code, "k" * 16)
+
+
+def test_execute_stops_retrying_when_its_attempts_run_out() -> None:
+    sent, error = carried([answered(504, "provider_timeout")] * 3)
+    assert sent == 3
+    assert (error.status, error.code, error.idempotency_key) == (504, "provider_timeout", "k" * 16)
+
+
+def test_execute_retries_a_lost_connection_and_reports_it_unreachable_at_the_end() -> None:
+    lost = httpx.ConnectError("refused")
+    sent, error = carried([lost, answered(502, "provider_unavailable"), lost])
+    assert sent == 3
+    assert (error.status, error.code) == (0, "unreachable")
+
+
+def test_an_answer_that_is_not_a_problem_document_still_raises_with_a_code() -> None:
+    sent, error = carried([httpx.Response(502, text="<html>bad gateway</html>")])
+    assert sent == 1
+    assert (error.status, error.code) == (502, "unexpected_response")

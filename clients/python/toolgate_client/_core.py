@@ -16,7 +16,7 @@ import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, Unpack, cast, overload
 
 import httpx
@@ -93,6 +93,10 @@ RETRIED = {
     (502, "provider_unavailable"),
     (503, "unavailable"),
 }
+
+
+EXECUTION_FIELDS = [f.name for f in fields(Execution) if f.name != "idempotency_key"]
+"""What ``Execution`` takes from an answer; members a newer server adds are left aside."""
 
 
 def new_idempotency_key() -> str:
@@ -290,7 +294,9 @@ class Operations:
         except ToolgateError as error:
             error.idempotency_key = key
             raise
-        return Execution(idempotency_key=key, **response.json())
+        answered = response.json()
+        known = {name: answered.get(name) for name in EXECUTION_FIELDS}
+        return Execution(idempotency_key=key, **known)
 
     @operation
     def call(self, call_id: str) -> Plan[Call]:
