@@ -38,6 +38,7 @@ import httpx
 import hypothesis
 import pytest
 import redis.asyncio as redis
+import uvicorn
 from aiohttp import web
 
 from app.auth.tokens import mint
@@ -234,6 +235,21 @@ async def app(settings: Settings, redis_url: str) -> AsyncIterator[Any]:
     if keys:
         await client.delete(*keys)
     await client.aclose()
+
+
+@pytest.fixture(scope="module")
+async def base_url(app: Any) -> AsyncIterator[str]:
+    """The test app behind a real HTTP server (its lifespan already runs in ``app``)."""
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "the server did not start"
+        await asyncio.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await task
 
 
 @pytest.fixture

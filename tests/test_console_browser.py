@@ -9,7 +9,6 @@ One server and one browser per module; each test gets a fresh browser context, s
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable
@@ -19,30 +18,14 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-import uvicorn
 from playwright.async_api import Browser, Page, async_playwright, expect
 
-from tests.conftest import ROOT, Providers, free_port
+from tests.conftest import ROOT, Providers
 from tests.flows import ALICE, BOB, Auth, Flow, new_key, refund_args
 
 Token = Callable[..., str]
 REFUNDS = "/billing/refunds"
 SCRIPT = '<script>window.pwned = 1</script><img src="x" onerror="window.pwned = 2">'
-
-
-@pytest.fixture(scope="module")
-async def base_url(app: Any) -> AsyncIterator[str]:
-    """The test app behind a real HTTP server (its lifespan already runs in ``app``)."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "the console's server did not start"
-        await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
 
 
 @pytest.fixture(scope="module")
