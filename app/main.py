@@ -226,21 +226,27 @@ def unexpected() -> JSON:
 class Toolgate(FastAPI):
     """FastAPI, timed by ``TelemetryMiddleware`` from the outside, bodies limited by
     ``BodyLimit``, and ``decisions`` in a ``DecisionLane`` ahead of its stack (they stay in
-    its routers too, for the 405s)."""
+    its routers too, for the 405s). Cross-origin access (``cors_origins``) wraps all of it,
+    so the decision endpoints' answers carry it too."""
 
-    def __init__(self, decisions: list[Route], **kwargs: Any) -> None:
+    def __init__(
+        self, decisions: list[Route], cors_origins: tuple[str, ...], **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.decisions = decisions
+        self.cors_origins = cors_origins
 
     def build_middleware_stack(self) -> ASGIApp:
         lane = DecisionLane(self.decisions, super().build_middleware_stack())
-        return telemetry.TelemetryMiddleware(BodyLimit(lane))
+        stack: ASGIApp = telemetry.TelemetryMiddleware(BodyLimit(lane))
+        return CrossOrigin(stack, self.cors_origins) if self.cors_origins else stack
 
 
 def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     """``sealer=False``: audit rows are sealed elsewhere (``toolgate serve``'s own process)."""
     telemetry.setup(settings.env)
     app = Toolgate(
+        cors_origins=settings.cors_origins,
         decisions=[
             route
             for router in (calls.router, approvals.router)
@@ -265,8 +271,6 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(console.router)
-    if settings.cors_origins:
-        app.add_middleware(CrossOrigin, origins=settings.cors_origins)
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from app.settings import ConfigError, Settings
-from tests.conftest import running_app
+from tests.conftest import Providers, running_app
 from tests.flows import BOB, Auth, Flow, refund_args
 
 ERIN = {"sub": "erin", "roles": "auditor"}
@@ -170,3 +170,28 @@ async def test_without_cors_origins_no_origin_is_allowed(client: httpx.AsyncClie
     answer = await client.options("/approve", headers=preflight("https://console.example.com"))
     assert answer.status_code == 405
     assert not any(h.startswith("access-control-") for h in answer.headers)
+
+
+async def test_a_cross_origin_approve_answer_carries_the_allowed_origin(
+    env: dict[str, str], clean: None, auth: Auth, providers: Providers
+) -> None:
+    allowed = "https://console.example.com"
+    async with running_app({**env, "TOOLGATE_CORS_ORIGINS": allowed}) as c:
+        flow = Flow(c, auth)
+        proposal = await flow.propose("issue_refund", refund_args())
+        preview = await flow.dry_run(proposal["call_id"])
+        body = {
+            "call_id": proposal["call_id"],
+            "snapshot_hash": preview["snapshot_hash"],
+            "decision": "approve",
+        }
+        answer = await c.post("/approve", json=body, headers={**auth(**BOB), "origin": allowed})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["access-control-allow-origin"] == allowed
+        denied = await c.post(
+            "/propose",
+            json={"tool": "get_order", "arguments": {"order_id": "ord_9"}},
+            headers={**auth(), "origin": allowed},
+        )
+        assert denied.status_code == 403
+        assert denied.headers["access-control-allow-origin"] == allowed
