@@ -25,6 +25,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -104,6 +105,21 @@ async def lone_database(admin_dsn: str) -> AsyncIterator[str]:
     """A migrated database of its own, where no test app's audit sealer runs."""
     async with fresh_database(admin_dsn, f"toolgate_test_{RUN}_lone") as url:
         yield url
+
+
+def cli(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    """``toolgate ARGS`` as a process, in this environment without any TOOLGATE_* or DEMO_*
+    variable but ``variables``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLGATE_", "DEMO_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env={**env, **variables},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def exited(pid: int) -> bool:

@@ -25,7 +25,7 @@ from app.audit.models import AuditRow
 from app.audit.service import verify
 from app.audit.store import AuditEvent, append
 from app.db import Database
-from tests.conftest import ROOT, exited, running_app
+from tests.conftest import ROOT, cli, exited, running_app
 from tests.flows import Flow, refund_args
 
 Auth = Callable[..., dict[str, str]]
@@ -362,36 +362,23 @@ async def test_the_sealer_process_seals_and_ends_when_its_parent_is_killed(
     assert exited(child), "the sealer outlived its parent"
 
 
-def toolgate_audit_verify(**variables: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLGATE_", "DEMO_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", "audit", "verify"],
-        cwd=ROOT,
-        env={**env, **variables},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 async def test_the_cli_seals_verifies_and_exits_non_zero_naming_the_broken_row(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     await insert(db, 4)
-    intact = await asyncio.to_thread(toolgate_audit_verify, TOOLGATE_DATABASE_URL=database_url)
+    intact = await asyncio.to_thread(cli, "audit", "verify", TOOLGATE_DATABASE_URL=database_url)
     assert intact.returncode == 0, intact.stderr
     assert "intact" in intact.stdout
     assert "checked 4 sealed rows" in intact.stdout
     assert await db.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL") == 0
     await tamper(db, "UPDATE audit_events SET tenant = 'globex' WHERE seq = 2")
-    broken = await asyncio.to_thread(toolgate_audit_verify, TOOLGATE_DATABASE_URL=database_url)
+    broken = await asyncio.to_thread(cli, "audit", "verify", TOOLGATE_DATABASE_URL=database_url)
     assert broken.returncode == 1, broken.stderr
     assert "BROKEN" in broken.stdout
     assert "first broken row: seq 2" in broken.stdout
     base = Path(tempfile.mkdtemp(prefix="toolgate-data-"))  # see conftest.embedded_server
     try:
-        embedded = await asyncio.to_thread(toolgate_audit_verify, TOOLGATE_DATA_DIR=str(base))
+        embedded = await asyncio.to_thread(cli, "audit", "verify", TOOLGATE_DATA_DIR=str(base))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     assert embedded.returncode == 0, embedded.stderr  # no URL: the embedded store, empty

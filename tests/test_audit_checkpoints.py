@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from app.audit.models import AuditRow
 from app.audit.service import verify
 from app.db import Database
 from app.settings import Settings
-from tests.conftest import ROOT
+from tests.conftest import cli
 from tests.test_audit_chain import connect, insert, wait_until_sealed
 
 
@@ -95,26 +93,13 @@ async def seal_and_publish(setup: Setup, batches: list[int]) -> list[dict[str, o
     return published(setup.published)
 
 
-def toolgate(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLGATE_", "DEMO_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=ROOT,
-        env={**env, **variables},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 async def audit_verify(
     setup: Setup, public_file: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``toolgate audit verify`` as an auditor runs it: checkpoints and public key, no
     signing key."""
     return await asyncio.to_thread(
-        toolgate,
+        cli,
         "audit",
         "verify",
         "--checkpoints",
@@ -267,7 +252,7 @@ async def test_the_sealers_log_lines_serve_as_checkpoints_too(setup: Setup, tmp_
     ]
     log_lines.write_text("\n".join(lines) + "\n")
     result = await asyncio.to_thread(
-        toolgate,
+        cli,
         "audit",
         "verify",
         "--checkpoints",
@@ -394,14 +379,14 @@ async def test_without_a_key_the_sealer_warns_that_checkpoints_are_unsigned(
 
 async def test_keygen_writes_a_private_key_once_and_prints_its_public_key(tmp_path: Path) -> None:
     out = tmp_path / "signing.pem"
-    result = await asyncio.to_thread(toolgate, "audit", "keygen", "--out", str(out))
+    result = await asyncio.to_thread(cli, "audit", "keygen", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("-----BEGIN PUBLIC KEY-----")
     assert out.stat().st_mode & 0o777 == 0o600
     key = SigningKey.load(out)
     assert key.public.pem() == result.stdout
     assert key.public.key_id in result.stderr
-    again = await asyncio.to_thread(toolgate, "audit", "keygen", "--out", str(out))
+    again = await asyncio.to_thread(cli, "audit", "keygen", "--out", str(out))
     assert again.returncode == 2
     assert "cannot write" in again.stderr
     assert SigningKey.load(out).public.key_id == key.public.key_id
@@ -413,7 +398,7 @@ async def test_a_signing_key_that_is_not_an_ed25519_key_is_refused_clearly(
     not_a_key = tmp_path / "not-a-key.pem"
     not_a_key.write_text("hello\n")
     result = await asyncio.to_thread(
-        toolgate,
+        cli,
         "audit",
         "verify",
         TOOLGATE_DATABASE_URL=setup.url,

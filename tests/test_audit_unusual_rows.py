@@ -16,7 +16,8 @@ import pytest
 from app.audit import sealer
 from app.audit.service import STALL_S, verify
 from app.db import Database
-from tests.test_audit_chain import event, insert, toolgate_audit_verify, wait_until_sealed
+from tests.conftest import cli
+from tests.test_audit_chain import event, insert, wait_until_sealed
 
 Auth = Callable[..., dict[str, str]]
 HUGE = "4" * 400
@@ -77,10 +78,10 @@ async def test_unusual_rows_are_sealed_listed_exported_and_verified_with_the_res
 
     report = (await client.get("/audit/verify", headers=admin(auth))).json()
     assert (report["ok"], report["checked"], report["stalled"]) == (True, rows, 0)
-    cli = await asyncio.to_thread(toolgate_audit_verify, TOOLGATE_DATABASE_URL=database_url)
-    assert cli.returncode == 0, cli.stdout + cli.stderr
-    assert f"checked {rows} sealed rows" in cli.stdout
-    assert "Traceback" not in cli.stderr
+    verified = await asyncio.to_thread(cli, "audit", "verify", TOOLGATE_DATABASE_URL=database_url)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert f"checked {rows} sealed rows" in verified.stdout
+    assert "Traceback" not in verified.stderr
 
 
 @pytest.mark.parametrize(
