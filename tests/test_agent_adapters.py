@@ -183,30 +183,42 @@ async def test_a_denial_is_handed_back_to_the_model_with_its_code(
     assert await db.fetchval("SELECT count(*) FROM audit_events WHERE event = 'denied'") == 1
 
 
-async def test_a_high_impact_refund_pauses_until_another_user_approves_then_runs_once(
-    alice: Agentic, bob: AsyncClient, providers: Providers, db: asyncpg.Connection
-) -> None:
+async def paused_refund(alice: Agentic, bob: AsyncClient) -> tuple[str, dict[str, Any]]:
+    """Alice's model asks for a high-impact refund: her run pauses on it, and the call is in
+    Bob's inbox, with its preview. (call id, Bob's inbox item)"""
     await alice.start("issue_refund", REFUND)
     (call_id,) = alice.paused_on()
     (pending,) = await bob.approvals()
     assert (pending["call_id"], pending["actor"]) == (call_id, "alice")
     assert pending["snapshot"] is not None, "the approver sees the preview"
-    assert await effects(providers) == 0
-    await decided_while_waiting(alice, bob.approve(call_id, pending["snapshot_hash"]))
+    return call_id, pending
+
+
+async def ran_once(
+    alice: Agentic, call_id: str, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """The model got the refund's success, and the provider acted once, under the call's key."""
     (output,) = alice.tool_outputs()
     assert json.loads(output)["status"] == "succeeded"
     assert await effects(providers) == 1
-    assert await db.fetchval("SELECT count(*) FROM calls") == 1, "proposed once, not on resume"
     rows = await db.fetch("SELECT idempotency_key, state FROM executions")
     assert [tuple(r) for r in rows] == [(execution_key(call_id), "succeeded")]
+
+
+async def test_a_high_impact_refund_pauses_until_another_user_approves_then_runs_once(
+    alice: Agentic, bob: AsyncClient, providers: Providers, db: asyncpg.Connection
+) -> None:
+    call_id, pending = await paused_refund(alice, bob)
+    assert await effects(providers) == 0
+    await decided_while_waiting(alice, bob.approve(call_id, pending["snapshot_hash"]))
+    await ran_once(alice, call_id, providers, db)
+    assert await db.fetchval("SELECT count(*) FROM calls") == 1, "proposed once, not on resume"
 
 
 async def test_a_rejected_refund_tells_the_model_why_and_has_no_effect(
     alice: Agentic, bob: AsyncClient, providers: Providers, db: asyncpg.Connection
 ) -> None:
-    await alice.start("issue_refund", REFUND)
-    (call_id,) = alice.paused_on()
-    (pending,) = await bob.approvals()
+    call_id, pending = await paused_refund(alice, bob)
     rejection = bob.approve(
         call_id, pending["snapshot_hash"], decision="reject", comment="too much"
     )
@@ -222,17 +234,11 @@ async def test_a_rejected_refund_tells_the_model_why_and_has_no_effect(
 async def test_a_timed_out_refund_is_retried_with_its_key_and_reconciled_to_one_effect(
     alice: Agentic, bob: AsyncClient, providers: Providers, db: asyncpg.Connection
 ) -> None:
-    await alice.start("issue_refund", REFUND)
-    (call_id,) = alice.paused_on()
-    (pending,) = await bob.approvals()
+    call_id, pending = await paused_refund(alice, bob)
     await bob.approve(call_id, pending["snapshot_hash"])
     await providers.fault(REFUNDS, "stall_after_effect", seconds=1.5)
     await alice.resume()
-    (output,) = alice.tool_outputs()
-    assert json.loads(output)["status"] == "succeeded"
-    assert await effects(providers) == 1
-    rows = await db.fetch("SELECT idempotency_key, state FROM executions")
-    assert [tuple(r) for r in rows] == [(execution_key(call_id), "succeeded")]
+    await ran_once(alice, call_id, providers, db)
     events = [r["event"] for r in await db.fetch("SELECT event FROM audit_events ORDER BY seq")]
     assert events[-2:] == ["failed", "reconciled"]
 

@@ -29,10 +29,12 @@ from toolgate_client.tool_calls import Prepared, ToolCalls, problem_text
 
 __all__ = ["ToolgateTools"]
 
-UNREADABLE = problem_text("invalid_arguments", "the arguments are not a JSON object")
-UNKNOWN = problem_text(
-    "not_found", "toolgate has no call for this tool call (resumed without ToolgateTools.calls)"
+NO_CALL = problem_text(
+    "invalid_arguments",
+    "toolgate has no call for this tool call: its arguments were not one JSON object (or the"
+    " run was resumed without ToolgateTools.calls); call the tool again",
 )
+"""What the model is told of a tool call toolgate never saw; it is not run."""
 
 
 class ToolgateTools:
@@ -82,11 +84,11 @@ class ToolgateTools:
         left as they are."""
         state = paused if isinstance(paused, RunState) else paused.to_state()
         for item in state.get_interruptions():
-            if item.tool_name not in self._names:
-                continue
             prepared = self._prepared.get(item.call_id or "")
+            if prepared is None and item.tool_name not in self._names:
+                continue
             if prepared is None or prepared.call_id is None:
-                state.reject(item, rejection_message=UNREADABLE)
+                state.reject(item, rejection_message=NO_CALL)
                 continue
             decided = await self._tool_calls.decision(prepared.call_id, timeout)
             if decided.decision == "approve":
@@ -115,9 +117,9 @@ class ToolgateTools:
         async def invoke(context: ToolContext[Any], arguments: str) -> str:
             prepared = self._prepared.get(context.tool_call_id)
             if prepared is None:
-                return UNKNOWN
+                return NO_CALL
             if prepared.call_id is None:
-                return prepared.refusal or UNKNOWN
+                return prepared.refusal or NO_CALL
             return (await self._tool_calls.run(prepared.call_id)).text
 
         return FunctionTool(
