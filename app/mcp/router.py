@@ -53,8 +53,10 @@ class Endpoint:
             state = state_of(request)
             principal = await state.verifier.verify(token)
         except ToolgateError as error:
-            challenge = f'Bearer resource_metadata="{base_url}{METADATA}{PATH}"'
-            await problem(error, {"WWW-Authenticate": challenge})(scope, receive, send)
+            challenge = {
+                "WWW-Authenticate": f'Bearer resource_metadata="{base_url}{METADATA}{PATH}"'
+            }
+            await problem(error, challenge if error.status == 401 else None)(scope, receive, send)
             return
         scope[SCOPE_KEY] = Caller.verified(state, principal, token, base_url)
         await self.manager.handle_request(scope, receive, send)
