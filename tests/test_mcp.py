@@ -4,7 +4,6 @@ between the instances, so no step may rely on state kept in a process."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,7 +21,7 @@ from mcp_types.version import LATEST_MODERN_VERSION
 
 from tests.conftest import Providers
 from tests.flows import Auth, Flow, refund_args
-from tests.test_instances import Instance
+from tests.test_instances import Instance, two_instances
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -34,13 +33,8 @@ Tokens = Any
 @pytest.fixture(scope="module")
 async def servers(env: dict[str, str]) -> AsyncIterator[list[Instance]]:
     """Two instances sharing PostgreSQL and Redis."""
-    started = [Instance(env), Instance(env)]
-    try:
-        await asyncio.gather(*(i.ready() for i in started))
+    async with two_instances(env) as started:
         yield started
-    finally:
-        for instance in started:
-            instance.stop()
 
 
 class RoundRobin(httpx2.AsyncBaseTransport):
@@ -79,6 +73,26 @@ async def effects(providers: Providers, path: str) -> int:
     return (await providers.stats())["effects_by_path"].get(path, 0)  # type: ignore[no-any-return]
 
 
+async def call(
+    servers: list[Instance], token: str, tool: str, arguments: dict[str, Any]
+) -> types.CallToolResult:
+    """One tool call by a client of its own."""
+    async with connected(servers, token) as client:
+        return await client.call_tool(tool, arguments)
+
+
+def answering(asked: list[types.ElicitRequestParams], answer: types.ElicitResult) -> Any:
+    """An elicitation callback that notes what it was asked and answers ``answer``."""
+
+    async def callback(
+        context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        asked.append(params)
+        return answer
+
+    return callback
+
+
 def structured(result: types.CallToolResult) -> dict[str, Any]:
     assert isinstance(result.structured_content, dict), result
     return result.structured_content
@@ -107,8 +121,7 @@ async def test_principals_with_different_roles_are_listed_different_tools(
 async def test_a_read_answers_the_trimmed_result_marked_untrusted(
     servers: list[Instance], token: Tokens, providers: Providers
 ) -> None:
-    async with connected(servers, token()) as client:
-        result = await client.call_tool("get_order", {"order_id": "ord_1"})
+    result = await call(servers, token(), "get_order", {"order_id": "ord_1"})
     assert result.is_error is False
     answer = structured(result)
     assert answer["status"] == "succeeded"
@@ -125,8 +138,7 @@ async def test_a_read_answers_the_trimmed_result_marked_untrusted(
 async def test_another_tenants_order_is_an_error_result_and_never_reaches_the_provider(
     servers: list[Instance], token: Tokens, providers: Providers
 ) -> None:
-    async with connected(servers, token()) as client:
-        result = await client.call_tool("get_order", {"order_id": "ord_9"})
+    result = await call(servers, token(), "get_order", {"order_id": "ord_9"})
     assert result.is_error is True
     assert structured(result)["code"] == "tool_forbidden"
     paths = [r["path"] for r in await providers.requests()]
@@ -177,13 +189,7 @@ async def test_a_client_that_elicits_lets_the_owner_approve_in_a_form_and_the_re
     servers: list[Instance], token: Tokens, providers: Providers, db: asyncpg.Connection
 ) -> None:
     asked: list[types.ElicitRequestParams] = []
-
-    async def approve(
-        context: ClientRequestContext, params: types.ElicitRequestParams
-    ) -> types.ElicitResult:
-        asked.append(params)
-        return types.ElicitResult(action="accept", content={"decision": "approve"})
-
+    approve = answering(asked, types.ElicitResult(action="accept", content={"decision": "approve"}))
     async with connected(servers, token(), elicitation_callback=approve) as client:
         result = await client.call_tool("issue_refund", {"order_id": "ord_1", "amount": 150.0})
     assert result.is_error is False, result
@@ -201,13 +207,7 @@ async def test_an_approver_role_is_asked_through_the_console_page_not_a_form(
     servers: list[Instance], token: Tokens, providers: Providers
 ) -> None:
     asked: list[types.ElicitRequestParams] = []
-
-    async def decline(
-        context: ClientRequestContext, params: types.ElicitRequestParams
-    ) -> types.ElicitResult:
-        asked.append(params)
-        return types.ElicitResult(action="decline")
-
+    decline = answering(asked, types.ElicitResult(action="decline"))
     args = {"customer_id": "cus_dave", "email": "new@acme.example"}
     async with connected(servers, token(), elicitation_callback=decline) as client:
         result = await client.call_tool("update_customer_email", args)

@@ -11,6 +11,7 @@ without elicitation (``calls``: their approvals come from approvers elsewhere).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -41,9 +42,27 @@ class Endpoint:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """The transport's task group; entered once, by the app's lifespan."""
-        async with self.manager.run():
+        """The transport's task group, for as long as the app runs (entered by its
+        lifespan). It lives in a task of its own: the task group must be left in the task
+        that entered it, and a lifespan's start and end need not run in one task."""
+        started, stopping = asyncio.Event(), asyncio.Event()
+
+        async def serve() -> None:
+            async with self.manager.run():
+                started.set()
+                await stopping.wait()
+
+        task = asyncio.create_task(serve())
+        ready = asyncio.create_task(started.wait())
+        await asyncio.wait((task, ready), return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if task.done():
+            task.result()  # it failed to start: raise why
+        try:
             yield
+        finally:
+            stopping.set()
+            await task
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
