@@ -35,7 +35,6 @@ from app.calls import history, policy, service, store
 from app.calls.authorization import visible_call
 from app.calls.models import CallRow, DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
 from app.calls.waiting import MAX_WAIT_S
-from app.canonical import canonical
 from app.deps import malformed
 from app.errors import ApprovalRejected, InvalidRequest, ToolgateError
 from app.state import AppState
@@ -97,11 +96,11 @@ Outcome = Done | Refused | Awaiting | Elicit
 
 
 def request_key(session: str, request_id: str | int, tool: str, arguments: Any) -> str:
-    """The idempotency key of one JSON-RPC request in one session (the module's docstring)."""
-    material = b"\0".join(
-        (session.encode(), json.dumps(request_id).encode(), tool.encode(), canonical(arguments))
-    )
-    return "mcp_" + hashlib.sha256(material).hexdigest()
+    """The idempotency key of one JSON-RPC request in one session (the module's docstring).
+    Any JSON the request carries has a key (ASCII, keys sorted: deterministic; the id's type
+    counts, as ``1`` and ``"1"`` are different ids)."""
+    material = json.dumps([session, request_id, tool, arguments], sort_keys=True)
+    return "mcp_" + hashlib.sha256(material.encode()).hexdigest()
 
 
 async def call_tool(state: AppState, ask: Ask) -> Outcome:

@@ -58,7 +58,7 @@ async def call_tool(
         tool=params.name,
         arguments=params.arguments or {},
         run_id=run_id if isinstance(run_id, str) else None,
-        elicitation=_elicitation(ctx.session.client_capabilities),
+        elicitation=elicitation_modes(ctx.session.client_capabilities),
         console=caller.base_url,
         answer=answer.model_dump(mode="json") if answer is not None else None,
         request_state=params.request_state,
@@ -110,7 +110,7 @@ def _result(
     )
 
 
-def _elicitation(capabilities: types.ClientCapabilities | None) -> frozenset[calls.Mode]:
+def elicitation_modes(capabilities: types.ClientCapabilities | None) -> frozenset[calls.Mode]:
     """The elicitation modes the client declared for this request (an empty declaration is
     form mode, as before URL mode existed)."""
     declared = capabilities.elicitation if capabilities is not None else None
