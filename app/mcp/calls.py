@@ -167,10 +167,10 @@ async def _standing(state: AppState, ask: Ask) -> CallRow | None:
 
 
 async def _execute(state: AppState, ask: Ask, call_id: str, key: str) -> Outcome:
-    """``/execute`` of the stored call ``call_id`` with ``key`` (reads ignore it)."""
-    answer = await service.execute(
-        state, ask.principal, ExecuteBody(call_id=call_id), IdempotencyKey(key, True)
-    )
+    """``/execute`` of the stored call ``call_id`` (which must be of the asked tool) with
+    ``key`` (reads ignore it)."""
+    body = ExecuteBody(call_id=call_id, tool=ask.tool)
+    answer = await service.execute(state, ask.principal, body, IdempotencyKey(key, True))
     return Done(answer.body)
 
 
