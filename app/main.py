@@ -37,6 +37,7 @@ from app.db import Database, pending_migrations
 from app.deps import malformed, plain_parameters
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
+from app.mcp import router as mcp
 from app.outbound import Outbound
 from app.providers import ProviderClient
 from app.responses import JSON, problem
@@ -140,7 +141,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
     try:
-        yield
+        async with app.state.mcp.running():
+            yield
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
         for task in tasks:
@@ -271,6 +273,8 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(console.router)
+    app.state.mcp = mcp.Endpoint()
+    app.router.routes.extend(mcp.routes(app.state.mcp))
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:
