@@ -100,14 +100,17 @@ def _seed() -> dict[str, dict[str, JSON]]:
     services = {
         s[0]: {"id": s[0], "tenant": s[1], "user": None, "current_version": s[2]} for s in SERVICES
     }
-    accounts = {
-        a[0]: {"id": a[0], "tenant": a[1], "user": a[2], "balance": a[3], "transactions": []}
+    accounts: dict[str, JSON] = {
+        a[0]: {"id": a[0], "tenant": a[1], "user": a[2], "balance": a[3]}
+        | {
+            "transactions": [
+                {"id": t[0], "amount": t[2], "counterparty": t[3], "note": t[4]}
+                for t in TRANSACTIONS
+                if t[1] == a[0]
+            ]
+        }
         for a in ACCOUNTS
     }
-    for tx_id, account, amount, counterparty, note in TRANSACTIONS:
-        accounts[account]["transactions"].append(
-            {"id": tx_id, "amount": amount, "counterparty": counterparty, "note": note}
-        )
     return {
         "orders": orders,
         "tickets": tickets,

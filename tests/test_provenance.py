@@ -18,64 +18,21 @@ import pytest
 from app.runs import service as runs_service
 from app.runs import store as runs_store
 from examples.demo_providers import ATTACKER_IBAN
-from tests.conftest import Providers, running_app
+from tests.conftest import ROOT, Providers, running_app
 from tests.flows import BOB, Flow, new_key
 
 TRANSFERS = "/bank/transfers"
-BANK = """
-providers:
-  bank:
-    base_url: ${DEMO_PROVIDERS_URL}/bank
-    timeout_s: 1
-resources:
-  account:
-    provider: bank
-    owner: {method: GET, path: "/accounts/{id}/owner"}
-tools:
-  list_transactions:
-    description: An account's transactions; notes are written by whoever sent the money.
-    mutation: false
-    provider: bank
-    execute: {method: GET, path: "/accounts/{account_id}/transactions"}
-    access: {roles: [support], owner: tenant}
-    parameters:
-      type: object
-      additionalProperties: false
-      required: [account_id]
-      properties:
-        account_id: {type: string, x-resource: account}
-        extra: {type: integer, minimum: 0, maximum: 10000}
-  send_money:
-    description: Send money from an account.
-    mutation: true
-    provider: bank
-    execute: {method: POST, path: /transfers}
-    dry_run: {method: POST, path: /transfers/preview}
-    reconcile: {method: GET, path: "/transfers/operations/{operation_id}"}
-    impact: low
-    on_taint: ON_TAINT
-    approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300}
-    access: {roles: [support], owner: tenant}
-    parameters:
-      type: object
-      additionalProperties: false
-      required: [account_id, recipient, amount]
-      properties:
-        account_id: {type: string, x-resource: account}
-        recipient: {type: string, minLength: 8, maxLength: 64}
-        amount: {type: number, exclusiveMinimum: 0}
-        reference: {type: string, maxLength: 140, x-sensitive: true}
-"""
 
 
 @pytest.fixture(scope="module")
 def bank_catalogs(tmp_path_factory: pytest.TempPathFactory, catalog_dir: Path) -> dict[str, str]:
-    """The demo catalog plus the bank tools, once per ``on_taint`` mode."""
+    """The demo catalog plus ``examples/bank.yaml``, once per ``on_taint`` mode."""
+    bank = (ROOT / "examples" / "bank.yaml").read_text().replace("timeout_s: 5", "timeout_s: 1")
     dirs = {}
     for mode in ("approve", "deny"):
         directory = tmp_path_factory.mktemp(f"bank_{mode}")
         shutil.copy(catalog_dir / "demo.yaml", directory / "demo.yaml")
-        (directory / "bank.yaml").write_text(BANK.replace("ON_TAINT", mode))
+        (directory / "bank.yaml").write_text(bank.replace("on_taint: approve", f"on_taint: {mode}"))
         dirs[mode] = str(directory)
     return dirs
 
