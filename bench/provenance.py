@@ -51,7 +51,13 @@ from _harness import (
     venv_bin,
     wait_ready,
 )
-from run import create_database, delete_redis_keys, drop_database, token
+from run import (
+    create_database,
+    delete_redis_keys,
+    drop_database,
+    migrate_and_start_providers,
+    token,
+)
 
 TRANSFER = {"account_id": "acc_1", "recipient": "NL91 ABNA 0417 1643 00", "amount": 1.0}
 CALLS_PER_RUN = 190
@@ -195,13 +201,7 @@ def main() -> int:
             create_database(ns.postgres, db_name)
             created = True
             with Processes(log_dir) as procs:
-                migrate = procs.start("migrate", [venv_bin("toolgate"), "migrate"], env)
-                if migrate.popen.wait(timeout=60) != 0:
-                    raise BenchError(f"toolgate migrate failed:\n{migrate.tail()}")
-                procs.stop(migrate)
-                argv = [sys.executable, "-m", "examples.demo_providers", "--host", HOST]
-                providers = procs.start("providers", [*argv, "--port", str(provider_port)], env)
-                wait_ready(providers, f"{env['DEMO_PROVIDERS_URL']}/bank/accounts/acc_1/owner")
+                migrate_and_start_providers(procs, env, provider_port)
                 serve = [venv_bin("toolgate"), "serve", "--host", HOST, "--port", str(port)]
                 server = procs.start("toolgate", [*serve, "--workers", "1"], env)
                 wait_ready(server, f"http://{HOST}:{port}/readyz", timeout_s=60)
