@@ -20,6 +20,7 @@ from app.runs import store as runs_store
 from examples.demo_providers import ATTACKER_IBAN
 from tests.conftest import ROOT, Providers, running_app
 from tests.flows import BOB, Flow, new_key
+from tests.test_instances import Instance
 
 TRANSFERS = "/bank/transfers"
 
@@ -216,14 +217,28 @@ async def test_a_recipient_the_run_never_read_passes(strict: Flow, providers: Pr
 async def test_what_one_instance_remembers_another_sees(
     env: dict[str, str], bank_catalogs: dict[str, str], auth: Any, clean: None, providers: Providers
 ) -> None:
-    variables = {**env, "TOOLGATE_CATALOG": bank_catalogs["deny"]}
-    async with running_app(variables) as first, running_app(variables) as second:
-        reader, proposer = Flow(first, auth), Flow(second, auth)
-        run_id = await start_run(reader)
-        read = await read_transactions(reader, run_id)
-        refused = await propose(proposer, transfer(ATTACKER_IBAN.lower()), run_id)
-        assert (refused.status_code, refused.json()["code"]) == (403, "tainted_arguments")
-        assert refused.json()["taint"][0]["source_call_id"] == read["call_id"]
+    """Two ``toolgate serve`` processes on one database: a run reads through one, and the
+    other refuses the transfer to what it read."""
+    both = [Instance({**env, "TOOLGATE_CATALOG": bank_catalogs["deny"]}) for _ in range(2)]
+    try:
+        await asyncio.gather(*(instance.ready() for instance in both))
+        async with (
+            httpx.AsyncClient(base_url=both[0].url) as first,
+            httpx.AsyncClient(base_url=both[1].url) as second,
+        ):
+            reader, proposer = Flow(first, auth), Flow(second, auth)
+            run_id = await start_run(reader)
+            read = await read_transactions(reader, run_id)
+            refused = await propose(proposer, transfer(ATTACKER_IBAN.lower()), run_id)
+            assert (refused.status_code, refused.json()["code"]) == (403, "tainted_arguments")
+            assert refused.json()["taint"][0]["source_call_id"] == read["call_id"]
+            unrelated = await start_run(proposer)
+            await read_transactions(proposer, unrelated)
+            other = await propose(reader, transfer("NL91ABNA0417164300"), unrelated)
+            assert other.status_code == 200, other.text
+    finally:
+        for instance in both:
+            instance.stop()
     assert await bank_requests(providers) == []
 
 
