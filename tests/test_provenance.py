@@ -206,12 +206,22 @@ async def test_dodges_by_case_padding_or_splitting_are_still_tainted(
     assert await bank_requests(providers) == []
 
 
-async def test_a_recipient_the_run_never_read_passes(strict: Flow, providers: Providers) -> None:
+async def test_a_recipient_the_run_never_read_passes_again_after_its_transfer_echoed_it(
+    strict: Flow, providers: Providers
+) -> None:
     run_id = await start_run(strict)
     await read_transactions(strict, run_id)
-    response = await propose(strict, transfer("NL91 ABNA 0417 1643 00"), run_id)
-    assert response.status_code == 200, response.text
-    assert response.json()["taint"] == []
+    for _ in range(2):  # the first transfer's answer repeats the recipient: not news
+        response = await propose(strict, transfer("NL91 ABNA 0417 1643 00"), run_id)
+        assert response.status_code == 200, response.text
+        assert response.json()["taint"] == []
+        paid = await strict.post(
+            "/execute",
+            {"call_id": response.json()["call_id"]},
+            headers={"Idempotency-Key": new_key()},
+        )
+        assert paid.json()["result"]["recipient"] == "NL91 ABNA 0417 1643 00"
+    assert await sent(providers) == 2
 
 
 async def test_what_one_instance_remembers_another_sees(

@@ -175,8 +175,9 @@ async def record_run_outcome(
     result: Any,
 ) -> None:
     """Feed an outcome into the run's counters, and remember the strings of the result it
-    returns (``runs.remember``), in the transaction that stores the result."""
+    returns (``runs.remember``; not those that echo the call's arguments), in the
+    transaction that stores the result."""
     if request.run_id is not None:
         await runs.record_outcome(conn, request.run_id, call.fingerprint, status, result)
         if result is not None:
-            await runs.remember(conn, request.run_id, call_id, result)
+            await runs.remember(conn, request.run_id, call_id, result, call.arguments)

@@ -69,10 +69,14 @@ def strings(value: Any) -> Iterator[str]:
             yield from strings(item)
 
 
-def remembered(result: Any, budget: int) -> set[int] | None:
-    """The distinct windows of every string in ``result``; ``None`` when there could be more
-    than ``budget`` of them (counted before hashing, so an oversized result costs little)."""
+def remembered(result: Any, budget: int, arguments: Any = None) -> set[int] | None:
+    """The distinct windows of every string in ``result``, except those that only echo a
+    string of the call's own ``arguments`` (a transfer's answer repeating its recipient is
+    no news from outside: if that value came from a result, the run remembers it from
+    there); ``None`` when there could be more than ``budget`` windows (counted before
+    hashing, so an oversized result costs little)."""
     texts = {normalized(text) for text in strings(result)}
+    texts.difference_update(normalized(text) for text in strings(arguments))
     if sum(max(len(text) - WINDOW + 1, 0) for text in texts) > budget:
         return None
     found: set[int] = set()

@@ -155,14 +155,16 @@ MAX_WINDOWS = 500_000
 not fit is not remembered, and from then on every judged argument of the run is tainted."""
 
 
-async def remember(conn: Connection, run_id: str, call_id: str, result: Any) -> None:
-    """Remember the strings of a result returned to the run, in the caller's transaction
-    (the one that records the result): what the run was told is stored exactly when the
-    result is."""
+async def remember(
+    conn: Connection, run_id: str, call_id: str, result: Any, arguments: Any
+) -> None:
+    """Remember the strings of a result returned to the run (but those that echo the call's
+    own ``arguments``), in the caller's transaction (the one that records the result): what
+    the run was told is stored exactly when the result is."""
     held, forgotten_after = await store.memory(conn, run_id)
     if forgotten_after is not None:
         return
-    found = provenance.remembered(result, MAX_WINDOWS - held)
+    found = provenance.remembered(result, MAX_WINDOWS - held, arguments)
     if found is None:
         await store.forget_after(conn, run_id, call_id)
     elif found:
