@@ -42,6 +42,7 @@ from app.outbound import Outbound
 from app.providers import ProviderClient
 from app.responses import JSON, problem
 from app.runs import router as runs
+from app.runs import store as runs_store
 from app.settings import ConfigError, Settings
 from app.state import AppState
 from app.webhooks import sender as webhooks
@@ -95,16 +96,20 @@ async def close_state(state: AppState) -> None:
 
 
 async def purge_expired_records(state: AppState) -> None:
-    """Forget finished execution records once ``TOOLGATE_IDEMPOTENCY_TTL_S`` has passed."""
+    """Forget finished execution records once ``TOOLGATE_IDEMPOTENCY_TTL_S`` has passed, and
+    what ended runs remembered of their results."""
     while True:
         await asyncio.sleep(PURGE_EVERY_S)
         try:
             async with state.db.transaction() as conn:
                 purged = await calls_store.purge_expired(conn)
+                forgotten = await runs_store.purge_memories(conn)
         except Unavailable:
             continue
         if purged:
             log.info("purged %d expired execution records", purged)
+        if forgotten:
+            log.info("purged %d remembered windows of ended runs", forgotten)
 
 
 async def reload_catalog(state: AppState) -> None:

@@ -274,6 +274,7 @@ async def clean(database_url: str) -> None:
     try:
         await conn.execute(
             "TRUNCATE calls, audit_events, dry_runs, approvals, executions, runs, run_repeats"
+            ", run_windows, run_memory"
             ", audit_chain, audit_gaps RESTART IDENTITY"
         )
     finally:

@@ -121,6 +121,7 @@ class InboxRow:
     requested_at: datetime
     expires_at: datetime | None
     status: str
+    taint: list[dict[str, str]] | None
 
     @property
     def target(self) -> dict[str, str] | None:
