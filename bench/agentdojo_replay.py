@@ -290,7 +290,13 @@ def report(tallies: dict[str, tuple[Tally, Tally]]) -> None:
     )
     for name, (attacked, alone) in tallies.items():
         print(f"\n{name}")
-        print(f"  attacks that succeeded: {', '.join(attacked.succeeded) or 'none'}")
+        for label, names in [
+            ("attacks that succeeded", attacked.succeeded),
+            ("pairs whose user task failed", attacked.useless),
+        ]:
+            print(f"  {label}: {', '.join(names) or 'none' if len(names) <= 30 else 'many'}")
+        own = ", ".join(f"{call} {n}" for call, n in sorted(attacked.tainted_own.items()))
+        print(f"  the user's own calls found tainted, under attack: {own or 'none'}")
         print(f"  user tasks failing without attack: {', '.join(alone.useless) or 'none'}")
         own = ", ".join(f"{call} {n}" for call, n in sorted(alone.tainted_own.items()))
         print(f"  the user's own calls found tainted, without attack: {own or 'none'}")
