@@ -28,6 +28,12 @@ sealer writes ``chain_pos``/``prev_hash``/``hash`` onto committed rows right aft
 - **No row stalls it.** A row's published form is total (``chain.item``): a stored value
   nothing can publish is hashed as a digest stand-in, logged as an error, and the chain
   moves on.
+- **At a cost that does not grow with history.** A pass reads the rows above the head's
+  ``sealed_through`` through the primary key and late rows through the recorded gaps
+  (``store.unsealed``), never an index of rows that were once unsealed, whose dead entries
+  piled up until a VACUUM; the seal ``UPDATE`` is bounded to the batch's seq range. Gaps
+  recorded in the last ``LATE_WINDOW_S`` are looked in on every pass, all of them every
+  ``SWEEP_EVERY_S``.
 - **Promptly, off the request path.** A pass runs every ``EVERY_S``, so a row is sealed
   within about that long after it commits, whichever instance wrote it; an idle pass is one
   short transaction that finds nothing. ``toolgate serve`` runs the passes in a process of
@@ -50,7 +56,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from app.audit import chain, checkpoints, store
@@ -66,6 +72,10 @@ BATCH = 500
 BUSY_RETRY_S = 0.05
 BUSY_RETRIES = 40
 PUBLISH_EVERY_S = 1.0
+LATE_WINDOW_S = 3600.0
+"""Every pass looks for late rows in the gaps recorded this recently..."""
+SWEEP_EVERY_S = 60.0
+"""...and every this often in all of them."""
 REFUSAL_LOG_EVERY_S = 60.0
 log = logging.getLogger("toolgate.audit")
 
@@ -88,17 +98,24 @@ class Pass:
 
 
 async def seal_pending(
-    db: Database, grace_s: float = GRACE_S, batch: int = BATCH, *, key: SigningKey | None = None
+    db: Database,
+    grace_s: float = GRACE_S,
+    batch: int = BATCH,
+    *,
+    key: SigningKey | None = None,
+    gaps_since: datetime = store.EVERY_GAP,
 ) -> Pass:
     """One pass: seal up to ``batch`` committed rows, if no other sealer is running, and
-    write the new head as a checkpoint (signed with ``key``)."""
+    write the new head as a checkpoint (signed with ``key``). Late rows are looked for in
+    the gaps recorded after ``gaps_since``."""
     async with db.transaction() as conn:
         if not await store.try_lock_sealer(conn):
             return Pass(busy=True)
-        rows = await store.unsealed(conn, batch)
+        current = await store.head(conn)
+        through = current.sealed_through if current else 0
+        rows = await store.unsealed(conn, through, batch, gaps_since)
         if not rows:
             return Pass()
-        current = await store.head(conn)
         refused = checkpoints.refusal(current, key)
         if refused is not None:
             return Pass(refused=refused)
@@ -163,6 +180,7 @@ class Sealer:
         self._newest: Checkpoint | None = None
         self._published_at = -math.inf
         self._refusal_logged_at = -math.inf
+        self._swept_at = -math.inf
 
     async def run(self) -> None:
         if self._key is None:
@@ -185,9 +203,14 @@ class Sealer:
             self._publish(0.0)
 
     async def _drain(self) -> None:
-        busy = 0
+        busy, now = 0, time.monotonic()
+        gaps_since = store.EVERY_GAP
+        if now - self._swept_at < SWEEP_EVERY_S:
+            gaps_since = datetime.now(UTC) - timedelta(seconds=LATE_WINDOW_S)
+        else:
+            self._swept_at = now
         while True:
-            result = await seal_pending(self._db, key=self._key)
+            result = await seal_pending(self._db, key=self._key, gaps_since=gaps_since)
             self._newest = result.checkpoint or self._newest
             if result.refused is not None:
                 self._refuse(result.refused)

@@ -106,10 +106,11 @@ async def verify(
     the chain no longer matches. Rows left unsealed for ``STALL_S`` make it not ok too:
     sealing has stopped."""
     async with db.connection() as conn, store.snapshot(conn):
-        unsealed = await store.unsealed_count(conn)
-        stalled = await store.stalled_count(conn, STALL_S)
         current = await store.head(conn)
         head = current.head if current else None
+        through = head.sealed_through if head else 0
+        unsealed = await store.unsealed_count(conn, through)
+        stalled = await store.unsealed_count(conn, through, STALL_S)
         skipped = await store.skipped_count(conn)
         end = head.chain_pos if head else 0
         walk = chain.Walk()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from app.audit.chain import rfc3339
@@ -88,6 +88,24 @@ async def of_call(conn: Connection, call_id: str) -> list[AuditRow]:
     return [_row(r) for r in await conn.fetch(sql, call_id)]
 
 
+SLACK = "10 seconds"
+"""How far ``at`` may run behind ``seq``: both are stamped as a row is inserted, so a row
+inserted after another (a higher seq) may carry a slightly earlier time, never seconds
+earlier."""
+_FIRST_SEQ_SINCE = f"""(SELECT min(seq) FROM (
+    SELECT seq FROM audit_events WHERE at >= $0 AND at < $0 + interval '{SLACK}'
+    UNION ALL (SELECT seq FROM audit_events WHERE at >= $0 + interval '{SLACK}'
+        ORDER BY at LIMIT 1)) s)"""
+_LAST_SEQ_UNTIL = f"""(SELECT max(seq) FROM (
+    SELECT seq FROM audit_events WHERE at < $0 AND at >= $0 - interval '{SLACK}'
+    UNION ALL (SELECT seq FROM audit_events WHERE at < $0 - interval '{SLACK}'
+        ORDER BY at DESC LIMIT 1)) s)"""
+"""A time window as a seq range, found through ``audit_by_time``: the lowest seq of a row
+at or after ``since`` (any such row is among those within ``SLACK`` of it, or is the first
+one after), the highest of a row before ``until``. The filter then walks its seq-ordered
+index between the two instead of every row since the start."""
+
+
 async def page(
     conn: Connection, where: AuditFilter, after: int | None, limit: int
 ) -> list[AuditRow]:
@@ -98,14 +116,14 @@ async def page(
         if value is not None:
             params.append(value)
             conditions.append(f"{column} = ${len(params)}")
-    for column, operator, value in (
-        ("at", ">=", where.since),
-        ("at", "<", where.until),
-        ("seq", ">", after),
+    for condition, value in (
+        ("at >= $0 AND seq >= " + _FIRST_SEQ_SINCE, where.since),
+        ("at < $0 AND seq <= " + _LAST_SEQ_UNTIL, where.until),
+        ("seq > $0", after),
     ):
         if value is not None:
             params.append(value)
-            conditions.append(f"{column} {operator} ${len(params)}")
+            conditions.append(condition.replace("$0", f"${len(params)}"))
     params.append(limit)
     sql = (
         f"SELECT {_ROW} FROM audit_events"
@@ -127,22 +145,42 @@ async def try_lock_sealer(conn: Connection) -> bool:
     return bool(await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", SEALER_LOCK))
 
 
-async def unsealed(conn: Connection, limit: int) -> list[AuditRow]:
-    """Committed rows not sealed yet, in seq order."""
-    sql = f"SELECT {_ROW} FROM audit_events WHERE hash IS NULL ORDER BY seq LIMIT $1"
-    return [_row(r) for r in await conn.fetch(sql, limit)]
+_LATE = ", ".join(f"a.{f.name}" for f in fields(AuditRow))
+_UNSEALED = f"""
+    (SELECT {_ROW} FROM audit_events WHERE seq > $1 ORDER BY seq LIMIT $2)
+    UNION ALL
+    (SELECT {_LATE} FROM audit_gaps g
+        JOIN audit_events a ON a.seq BETWEEN g.first_seq AND g.last_seq
+        WHERE g.skipped_at > $3 AND a.hash IS NULL)
+    ORDER BY seq LIMIT $2
+"""
+EVERY_GAP = datetime.min.replace(tzinfo=UTC)
 
 
-async def unsealed_count(conn: Connection) -> int:
-    return int(await conn.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL"))
+async def unsealed(
+    conn: Connection, sealed_through: int, limit: int, gaps_since: datetime = EVERY_GAP
+) -> list[AuditRow]:
+    """Up to ``limit`` committed, unsealed rows in seq order: rows above the head's
+    ``sealed_through`` (the chain moves past a seq only by sealing it or recording it as a
+    gap) and late rows inside gaps recorded after ``gaps_since``. Both through indexes
+    that hold nothing already sealed, so a pass costs the same however much history, and
+    however many dead versions of sealed rows, the table holds."""
+    rows = await conn.fetch(_UNSEALED, sealed_through, limit, gaps_since)
+    return [_row(r) for r in rows]
 
 
-async def stalled_count(conn: Connection, older_than_s: float) -> int:
-    """Unsealed rows inserted more than ``older_than_s`` ago."""
+async def unsealed_count(conn: Connection, sealed_through: int, older_than_s: float = 0.0) -> int:
+    """Committed rows not sealed yet, inserted more than ``older_than_s`` ago."""
     return int(
         await conn.fetchval(
-            "SELECT count(*) FROM audit_events"
-            " WHERE hash IS NULL AND at < clock_timestamp() - make_interval(secs => $1)",
+            """
+            WITH t AS (SELECT clock_timestamp() - make_interval(secs => $2) AS before)
+            SELECT (SELECT count(*) FROM audit_events, t WHERE seq > $1 AND at <= t.before)
+                + (SELECT count(*) FROM t, audit_gaps g
+                    JOIN audit_events a ON a.seq BETWEEN g.first_seq AND g.last_seq
+                    WHERE a.hash IS NULL AND a.at <= t.before)
+            """,
+            sealed_through,
             older_than_s,
         )
     )
@@ -173,12 +211,14 @@ async def seal(conn: Connection, seals: Sequence[Seal]) -> None:
             sealed_at = clock_timestamp()
         FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[])
             AS s(seq, chain_pos, prev_hash, hash)
-        WHERE a.seq = s.seq AND a.hash IS NULL
+        WHERE a.seq = s.seq AND a.seq BETWEEN $5 AND $6 AND a.hash IS NULL
         """,
         [s.seq for s in seals],
         [s.chain_pos for s in seals],
         [s.prev_hash for s in seals],
         [s.hash for s in seals],
+        min(s.seq for s in seals),
+        max(s.seq for s in seals),
     )
     if status != f"UPDATE {len(seals)}":
         raise RuntimeError(f"sealing expected {len(seals)} unsealed rows, got {status!r}")

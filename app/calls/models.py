@@ -175,6 +175,8 @@ class CallRow:
     policy_version: str
     proposed_by: str
     authorized_by: dict[str, Any] | None
+    pending_until: datetime | None = None
+    """While awaiting approval: when its approval window passes and it leaves the inbox."""
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

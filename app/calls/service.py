@@ -32,6 +32,7 @@ from app.calls.models import (
 from app.calls.recording import (
     PROPOSED_BY,
     admit_to_run,
+    approval_window_s,
     audit_event,
     authorized_by,
     call_row,
@@ -47,7 +48,6 @@ from app.outbound import NotSent, TooLarge, Uncertain
 from app.state import AppState
 from app.webhooks import store as webhooks
 
-DRY_RUN_TTL_S = 300
 TOO_LARGE = "the provider's response is too large"
 
 
@@ -286,7 +286,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
             "the provider gave no preview", call_id=existing.id, provider_status=response.status
         )
     snapshot_hash = digest(response.body)
-    ttl_s = tool.approval.ttl_s if tool.approval else DRY_RUN_TTL_S
+    ttl_s = approval_window_s(tool)
     row = DryRunRow(
         id=new_id("dry"),
         call_id=existing.id,
@@ -307,6 +307,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
             existing.id,
             "awaiting_approval" if next_step == "approval" else "previewed",
             unless=SETTLED,
+            pending_until=row.expires_at if next_step == "approval" else None,
         )
         if moved and next_step == "approval" and existing.state != "awaiting_approval":
             await webhooks.announce(

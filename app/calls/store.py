@@ -3,6 +3,7 @@ the use case owns the transaction."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from app.audit.store import AuditEvent, append_after
@@ -46,15 +47,22 @@ async def set_state_with_audit(
 
 
 async def set_state(
-    conn: Connection, call_id: str, state: str, *, unless: tuple[str, ...] = ()
+    conn: Connection,
+    call_id: str,
+    state: str,
+    *,
+    unless: tuple[str, ...] = (),
+    pending_until: datetime | None = None,
 ) -> bool:
-    """Move the call to ``state``, unless it is in one of the states ``unless``; whether it
-    moved."""
+    """Move the call to ``state`` (awaiting approval until ``pending_until``), unless it is
+    in one of the states ``unless``; whether it moved."""
     status = await conn.execute(
-        "UPDATE calls SET state = $2, updated_at = now() WHERE id = $1 AND state <> ALL($3)",
+        "UPDATE calls SET state = $2, pending_until = $4, updated_at = now()"
+        " WHERE id = $1 AND state <> ALL($3)",
         call_id,
         state,
         list(unless),
+        pending_until,
     )
     return bool(status.endswith(" 1"))
 

@@ -1,0 +1,91 @@
+-- History at scale: every read an operator makes finds its rows through an index that
+-- matches it, the sealer never walks what it already sealed, and old history can be
+-- removed in small batches (app/retention.py) without breaking the audit chain.
+
+-- GET /audit filters (docs/api.md): each documented filter, alone or beside the tenant an
+-- auditor is confined to, walks an index in seq order and stops after a page. Time windows
+-- (since/until) become a seq range through audit_by_time (app/audit/store.py).
+CREATE INDEX audit_by_tenant_event ON audit_events (tenant, event, seq);
+CREATE INDEX audit_by_event ON audit_events (event, seq);
+CREATE INDEX audit_by_tenant_actor ON audit_events (tenant, actor, seq);
+CREATE INDEX audit_by_tenant_tool ON audit_events (tenant, tool, seq);
+CREATE INDEX audit_by_time ON audit_events (at, seq);
+
+-- The sealer finds new rows above the chain head's sealed_through through the primary
+-- key, and late rows inside recorded gaps; a partial index of unsealed rows kept one dead
+-- entry per sealed row until the next VACUUM, and every pass walked them all.
+DROP INDEX audit_unsealed;
+CREATE INDEX audit_gaps_recent ON audit_gaps (skipped_at);
+
+-- Retention of the audit trail: rows are removed from the start of the chain only, and the
+-- chain's new start is recorded here, in the transaction that removes them, so verify walks
+-- from it instead of from the genesis hash. One row, or none before the first removal.
+-- `chain_pos`/`hash`: the last removed row; `at`: its time; `outside_gaps`: how many removed
+-- rows held seqs outside any recorded gap (verify's accounting of seqs needs it).
+CREATE TABLE audit_anchor (
+    id           boolean PRIMARY KEY DEFAULT true CHECK (id),
+    chain_pos    bigint NOT NULL,
+    hash         text NOT NULL,
+    at           timestamptz NOT NULL,
+    outside_gaps bigint NOT NULL,
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
+
+-- Append-only as before, except that a sealed row the anchor already covers may be
+-- deleted: retention moves the anchor first, then deletes up to it, in one transaction.
+CREATE OR REPLACE FUNCTION audit_events_append_only() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    unchained audit_events;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF OLD.chain_pos IS NOT NULL
+           AND OLD.chain_pos <= (SELECT chain_pos FROM audit_anchor) THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'audit_events is append-only: DELETE of seq % refused', OLD.seq
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        RAISE EXCEPTION 'audit_events: a row is inserted unsealed'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF OLD.chain_pos IS NOT NULL OR OLD.prev_hash IS NOT NULL OR OLD.hash IS NOT NULL
+       OR OLD.sealed_at IS NOT NULL THEN
+        RAISE EXCEPTION 'audit_events is append-only: seq % is already sealed', OLD.seq
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF NEW.chain_pos IS NULL OR NEW.prev_hash IS NULL OR NEW.hash IS NULL
+       OR NEW.sealed_at IS NULL THEN
+        RAISE EXCEPTION 'audit_events: sealing sets every chain column'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    unchained := NEW;
+    unchained.chain_pos := OLD.chain_pos;
+    unchained.prev_hash := OLD.prev_hash;
+    unchained.hash := OLD.hash;
+    unchained.sealed_at := OLD.sealed_at;
+    IF unchained IS DISTINCT FROM OLD THEN
+        RAISE EXCEPTION 'audit_events is append-only: UPDATE of seq % refused', OLD.seq
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- The approvals inbox: a call is pending until `pending_until` (its latest preview's
+-- expiry, or for a tool without a preview its proposal plus the approval's ttl_s), so a call
+-- nobody decided leaves the inbox when its approval window passes, and the inbox reads only
+-- the calls still inside their window.
+ALTER TABLE calls ADD COLUMN pending_until timestamptz;
+UPDATE calls c SET pending_until = coalesce(
+    (SELECT max(d.expires_at) FROM dry_runs d WHERE d.call_id = c.id),
+    c.created_at + interval '300 seconds')
+WHERE c.state = 'awaiting_approval';
+CREATE INDEX calls_pending ON calls (tenant, pending_until) WHERE state = 'awaiting_approval';
+
+-- Retention walks each table from its oldest rows (dry-runs and approvals go with their call).
+CREATE INDEX calls_by_time ON calls (created_at);
+CREATE INDEX runs_by_time ON runs (created_at);
+CREATE INDEX webhook_outbox_delivered ON webhook_outbox (delivered_at)
+    WHERE delivered_at IS NOT NULL;
