@@ -275,7 +275,7 @@ async def clean(database_url: str) -> None:
     try:
         await conn.execute(
             "TRUNCATE calls, audit_events, dry_runs, approvals, executions, runs, run_repeats"
-            ", audit_chain, audit_gaps RESTART IDENTITY"
+            ", audit_chain, audit_gaps, audit_anchor RESTART IDENTITY"
         )
     finally:
         await conn.close()

@@ -31,7 +31,8 @@ sealer writes ``chain_pos``/``prev_hash``/``hash`` onto committed rows right aft
 - **At a cost that does not grow with history.** A pass reads the rows above the head's
   ``sealed_through`` through the primary key and late rows through the recorded gaps
   (``store.unsealed``), never an index of rows that were once unsealed, whose dead entries
-  piled up until a VACUUM; the seal ``UPDATE`` is bounded to the batch's seq range. Gaps
+  piled up until a VACUUM; the seal ``UPDATE`` is bounded to its chunk's seq range, and
+  each chunk is hashed while the database writes the one before. Gaps
   recorded in the last ``LATE_WINDOW_S`` are looked in on every pass, all of them every
   ``SWEEP_EVERY_S``.
 - **Promptly, off the request path.** A pass runs every ``EVERY_S``, so a row is sealed
@@ -61,14 +62,15 @@ from pathlib import Path
 
 from app.audit import chain, checkpoints, store
 from app.audit.checkpoints import SigningKey
-from app.audit.models import ChainHead, Checkpoint
-from app.db import Database
+from app.audit.models import AuditRow, ChainHead, Checkpoint
+from app.db import Connection, Database
 from app.errors import Unavailable
 from app.settings import ConfigError, Settings
 
 GRACE_S = 5.0
 EVERY_S = 0.2
-BATCH = 500
+BATCH = 2000
+CHUNK = 500
 BUSY_RETRY_S = 0.05
 BUSY_RETRIES = 40
 PUBLISH_EVERY_S = 1.0
@@ -111,21 +113,19 @@ async def seal_pending(
     async with db.transaction() as conn:
         if not await store.try_lock_sealer(conn):
             return Pass(busy=True)
-        current = await store.head(conn)
-        through = current.sealed_through if current else 0
-        rows = await store.unsealed(conn, through, batch, gaps_since)
+        rows = await store.unsealed(conn, batch, gaps_since)
         if not rows:
             return Pass()
+        current = await store.head(conn)
         refused = checkpoints.refusal(current, key)
         if refused is not None:
             return Pass(refused=refused)
         now = await store.database_now(conn)
         head = current.head if current else ChainHead(0, chain.GENESIS, 0)
-        plan = chain.plan(head, rows, now, timedelta(seconds=grace_s))
+        plan = await _hash_and_seal(conn, head, rows, now, timedelta(seconds=grace_s))
         checkpoint = None
         if plan.seals:
             checkpoint = checkpoints.checkpoint(plan.head, chain.rfc3339(now), key)
-            await store.seal(conn, plan.seals)
             await store.record_gaps(conn, plan.gaps)
             await store.save_head(conn, checkpoint)
     for gap in plan.gaps:
@@ -155,6 +155,33 @@ async def seal_pending(
         more=len(rows) == batch and not plan.waiting,
         checkpoint=checkpoint,
     )
+
+
+async def _hash_and_seal(
+    conn: Connection, head: ChainHead, rows: list[AuditRow], now: datetime, grace: timedelta
+) -> chain.Plan:
+    """Plan the chain over ``rows`` and write it, ``CHUNK`` rows at a time: each chunk is
+    hashed here while the database writes the one before, so a backlog drains at the pace
+    of the slower of the two rather than of both in turn."""
+    plan = chain.Plan(head=head)
+    writing: asyncio.Task[None] | None = None
+    try:
+        for start in range(0, len(rows), CHUNK):
+            done = len(plan.seals)
+            chain.extend(plan, rows[start : start + CHUNK], now, grace)
+            if writing is not None:
+                await writing
+                writing = None
+            if len(plan.seals) > done:
+                writing = asyncio.create_task(store.seal(conn, plan.seals[done:]))
+                await asyncio.sleep(0)  # the statement is on its way before the next hashing
+        if writing is not None:
+            await writing
+    finally:
+        if writing is not None and not writing.done():
+            with contextlib.suppress(Exception):
+                await writing
+    return plan
 
 
 async def seal_all(db: Database, grace_s: float = GRACE_S, *, key: SigningKey | None = None) -> int:

@@ -106,22 +106,26 @@ async def verify(
     the chain no longer matches. Rows left unsealed for ``STALL_S`` make it not ok too:
     sealing has stopped."""
     async with db.connection() as conn, store.snapshot(conn):
+        unsealed = await store.unsealed_count(conn)
+        stalled = await store.unsealed_count(conn, STALL_S)
         current = await store.head(conn)
         head = current.head if current else None
-        through = head.sealed_through if head else 0
-        unsealed = await store.unsealed_count(conn, through)
-        stalled = await store.unsealed_count(conn, through, STALL_S)
+        anchor = await store.anchor(conn)
         skipped = await store.skipped_count(conn)
         end = head.chain_pos if head else 0
-        walk = chain.Walk()
+        walk = chain.Walk(anchor.chain_pos, anchor.hash)
         while walk.broken is None:
             rows = await store.chain_page(conn, walk.chain_pos, VERIFY_PAGE)
             if not rows:
                 break
             walk = await asyncio.to_thread(chain.check, walk, rows, end)
-        beyond, uncovered = await store.unaccounted(conn, head)
+        beyond, uncovered = await store.unaccounted(conn, head, anchor)
+        # Checkpoints of removed positions can no longer be compared; the anchor's can.
+        exported = [(line, c) for line, c in exported if c.chain_pos >= anchor.chain_pos]
         positions = sorted({published.chain_pos for _, published in exported})
         hashes = await store.hashes_at(conn, positions) if positions else {}
+        if anchor.chain_pos:
+            hashes[anchor.chain_pos] = anchor.hash
     broken = (
         walk.broken
         or chain.check_end(walk, head)
@@ -140,6 +144,8 @@ async def verify(
         signed=bool(public and current and public.vouches_for(current)),
         key_id=current.key_id if current else None,
         exported=len(exported),
+        removed_through=anchor.chain_pos,
+        removed_before=anchor.at,
     )
 
 

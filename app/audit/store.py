@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from app.audit.chain import rfc3339
-from app.audit.models import AuditFilter, AuditRow, ChainHead, Checkpoint, Gap, Seal
+from app.audit.models import Anchor, AuditFilter, AuditRow, ChainHead, Checkpoint, Gap, Seal
 from app.db import Connection, Insert, Record
 
 
@@ -146,41 +146,44 @@ async def try_lock_sealer(conn: Connection) -> bool:
 
 
 _LATE = ", ".join(f"a.{f.name}" for f in fields(AuditRow))
+_SEALED_THROUGH = "coalesce((SELECT sealed_through FROM audit_chain), 0)"
+"""The chain head's ``sealed_through``, read in a statement that names ``audit_events``
+first (the lock order above)."""
 _UNSEALED = f"""
-    (SELECT {_ROW} FROM audit_events WHERE seq > $1 ORDER BY seq LIMIT $2)
+    (SELECT {_ROW} FROM audit_events WHERE seq > {_SEALED_THROUGH} ORDER BY seq LIMIT $1)
     UNION ALL
-    (SELECT {_LATE} FROM audit_gaps g
-        JOIN audit_events a ON a.seq BETWEEN g.first_seq AND g.last_seq
-        WHERE g.skipped_at > $3 AND a.hash IS NULL)
-    ORDER BY seq LIMIT $2
+    (SELECT {_LATE} FROM audit_events a
+        JOIN audit_gaps g ON a.seq BETWEEN g.first_seq AND g.last_seq
+        WHERE g.skipped_at > $2 AND a.hash IS NULL)
+    ORDER BY seq LIMIT $1
 """
 EVERY_GAP = datetime.min.replace(tzinfo=UTC)
 
 
 async def unsealed(
-    conn: Connection, sealed_through: int, limit: int, gaps_since: datetime = EVERY_GAP
+    conn: Connection, limit: int, gaps_since: datetime = EVERY_GAP
 ) -> list[AuditRow]:
     """Up to ``limit`` committed, unsealed rows in seq order: rows above the head's
     ``sealed_through`` (the chain moves past a seq only by sealing it or recording it as a
     gap) and late rows inside gaps recorded after ``gaps_since``. Both through indexes
     that hold nothing already sealed, so a pass costs the same however much history, and
     however many dead versions of sealed rows, the table holds."""
-    rows = await conn.fetch(_UNSEALED, sealed_through, limit, gaps_since)
+    rows = await conn.fetch(_UNSEALED, limit, gaps_since)
     return [_row(r) for r in rows]
 
 
-async def unsealed_count(conn: Connection, sealed_through: int, older_than_s: float = 0.0) -> int:
+async def unsealed_count(conn: Connection, older_than_s: float = 0.0) -> int:
     """Committed rows not sealed yet, inserted more than ``older_than_s`` ago."""
     return int(
         await conn.fetchval(
-            """
-            WITH t AS (SELECT clock_timestamp() - make_interval(secs => $2) AS before)
-            SELECT (SELECT count(*) FROM audit_events, t WHERE seq > $1 AND at <= t.before)
-                + (SELECT count(*) FROM t, audit_gaps g
-                    JOIN audit_events a ON a.seq BETWEEN g.first_seq AND g.last_seq
+            f"""
+            WITH t AS (SELECT clock_timestamp() - make_interval(secs => $1) AS before)
+            SELECT (SELECT count(*) FROM audit_events, t
+                    WHERE seq > {_SEALED_THROUGH} AND at <= t.before)
+                + (SELECT count(*) FROM t, audit_events a
+                    JOIN audit_gaps g ON a.seq BETWEEN g.first_seq AND g.last_seq
                     WHERE a.hash IS NULL AND a.at <= t.before)
             """,
-            sealed_through,
             older_than_s,
         )
     )
@@ -263,9 +266,10 @@ async def skipped_count(conn: Connection) -> int:
     )
 
 
-async def unaccounted(conn: Connection, head: ChainHead | None) -> tuple[int, int]:
+async def unaccounted(conn: Connection, head: ChainHead | None, anchor: Anchor) -> tuple[int, int]:
     """Rows carrying chain columns beyond ``head.chain_pos`` (sealed, yet not in the chain),
-    and seqs up to ``head.sealed_through`` neither sealed nor inside a recorded gap."""
+    and seqs up to ``head.sealed_through`` neither sealed, nor inside a recorded gap, nor
+    removed by retention (``anchor``)."""
     chain_pos, sealed_through = (head.chain_pos, head.sealed_through) if head else (0, 0)
     row = await conn.fetchrow(
         """
@@ -281,7 +285,9 @@ async def unaccounted(conn: Connection, head: ChainHead | None) -> tuple[int, in
         sealed_through,
     )
     sealed, sealed_outside_gaps, gap_seqs = row
-    return sealed - chain_pos, sealed_through - sealed_outside_gaps - int(gap_seqs)
+    in_chain = chain_pos - anchor.chain_pos
+    removed = anchor.outside_gaps
+    return sealed - in_chain, sealed_through - sealed_outside_gaps - int(gap_seqs) - removed
 
 
 async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str]:
@@ -296,3 +302,47 @@ async def chain_page(conn: Connection, after_pos: int, limit: int) -> list[Audit
     """Sealed rows after chain position ``after_pos``, in chain order."""
     sql = f"SELECT {_ROW} FROM audit_events WHERE chain_pos > $1 ORDER BY chain_pos LIMIT $2"
     return [_row(r) for r in await conn.fetch(sql, after_pos, limit)]
+
+
+async def anchor(conn: Connection) -> Anchor:
+    """Where the chain starts: after the rows retention removed, or at the genesis."""
+    row = await conn.fetchrow("SELECT chain_pos, hash, at, outside_gaps FROM audit_anchor")
+    return Anchor(*row) if row else Anchor()
+
+
+async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
+    """Remove up to ``limit`` rows from the start of the chain, all of them written before
+    ``before`` (a later one stops the batch), and move the anchor past them in the
+    same transaction: the chain left behind still verifies from the anchor, and rows are
+    never removed from its middle or its end. The number removed."""
+    rows = await conn.fetch(
+        """
+        SELECT chain_pos, hash, at FROM audit_events
+        WHERE chain_pos > coalesce((SELECT chain_pos FROM audit_anchor), 0)
+        ORDER BY chain_pos LIMIT $1
+        """,
+        limit,
+    )
+    cut = next((i for i, r in enumerate(rows) if r["at"] >= before), len(rows))
+    if not cut:
+        return 0
+    first, last = rows[0]["chain_pos"], rows[cut - 1]
+    await conn.execute(
+        """
+        INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)
+        SELECT $2, $3, $4, count(*) FROM audit_events a
+        WHERE chain_pos BETWEEN $1 AND $2 AND NOT EXISTS (
+            SELECT 1 FROM audit_gaps g WHERE a.seq BETWEEN g.first_seq AND g.last_seq)
+        ON CONFLICT (id) DO UPDATE SET chain_pos = EXCLUDED.chain_pos, hash = EXCLUDED.hash,
+            at = EXCLUDED.at, outside_gaps = audit_anchor.outside_gaps + EXCLUDED.outside_gaps,
+            updated_at = now()
+        """,
+        first,
+        last["chain_pos"],
+        last["hash"],
+        last["at"],
+    )
+    status = await conn.execute(
+        "DELETE FROM audit_events WHERE chain_pos BETWEEN $1 AND $2", first, last["chain_pos"]
+    )
+    return int(status.split()[-1])

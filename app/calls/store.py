@@ -224,9 +224,36 @@ async def postpone(conn: Connection, operation_id: str) -> None:
     )
 
 
-async def purge_expired(conn: Connection) -> int:
+async def purge_expired(conn: Connection, limit: int) -> int:
+    """Forget up to ``limit`` finished execution records past their expiry, oldest first."""
     status = await conn.execute(
-        "DELETE FROM executions WHERE state IN ('succeeded', 'failed') AND expires_at <= now()"
+        """
+        DELETE FROM executions WHERE operation_id IN (
+            SELECT operation_id FROM executions
+            WHERE state IN ('succeeded', 'failed') AND expires_at <= now()
+            ORDER BY expires_at LIMIT $1)
+        """,
+        limit,
+    )
+    return int(status.split()[-1])
+
+
+async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
+    """Remove up to ``limit`` calls made before ``before``, oldest first, with their
+    dry-runs and approvals; a call an execution record still names stays until the record
+    expires (it answers replays). The number of calls removed."""
+    status = await conn.execute(
+        """
+        WITH doomed AS (
+            SELECT id FROM calls c WHERE created_at < $1
+                AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.call_id = c.id)
+            ORDER BY created_at LIMIT $2),
+        previews AS (DELETE FROM dry_runs WHERE call_id IN (SELECT id FROM doomed)),
+        decisions AS (DELETE FROM approvals WHERE call_id IN (SELECT id FROM doomed))
+        DELETE FROM calls WHERE id IN (SELECT id FROM doomed)
+        """,
+        before,
+        limit,
     )
     return int(status.split()[-1])
 

@@ -3,6 +3,8 @@ parallel calls."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from app.db import Connection, Insert
 from app.runs.models import RunCall, RunRow
 
@@ -118,3 +120,18 @@ async def calls_of(conn: Connection, run_id: str) -> list[RunCall]:
         run_id,
     )
     return [RunCall(*r) for r in rows]
+
+
+async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
+    """Remove up to ``limit`` runs started before ``before``, oldest first, with their repeat
+    counters. The number removed."""
+    status = await conn.execute(
+        """
+        WITH doomed AS (SELECT id FROM runs WHERE created_at < $1 ORDER BY created_at LIMIT $2),
+        repeats AS (DELETE FROM run_repeats WHERE run_id IN (SELECT id FROM doomed))
+        DELETE FROM runs WHERE id IN (SELECT id FROM doomed)
+        """,
+        before,
+        limit,
+    )
+    return int(status.split()[-1])
