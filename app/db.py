@@ -106,6 +106,12 @@ async def _keep(conn: Connection) -> None:
     the connection when that fails."""
 
 
+SESSION = {"jit": "off"}
+"""Settings of every pooled session. No JIT: toolgate's statements each read a page or a
+batch, but on large tables the planner's cost estimates can cross JIT's threshold, and
+compiling then takes a second where the query itself takes milliseconds."""
+
+
 class Database:
     def __init__(self, url: str) -> None:
         self._url = url
@@ -120,6 +126,7 @@ class Database:
                 init=_init,
                 reset=_keep,
                 command_timeout=10,
+                server_settings=SESSION,
             )
         except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise Unavailable(f"database unreachable: {exc}") from exc

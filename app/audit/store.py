@@ -147,14 +147,17 @@ async def try_lock_sealer(conn: Connection) -> bool:
 
 _LATE = ", ".join(f"a.{f.name}" for f in fields(AuditRow))
 _SEALED_THROUGH = "coalesce((SELECT sealed_through FROM audit_chain), 0)"
+_LATE_IN_GAP = """LATERAL (
+    SELECT * FROM audit_events WHERE seq BETWEEN g.first_seq AND g.last_seq AND hash IS NULL
+    OFFSET 0) a"""
+"""The unsealed rows of gap ``g``, through the primary key (``OFFSET 0`` keeps the planner
+from turning this into a join that scans every row for ``hash IS NULL``)."""
 """The chain head's ``sealed_through``, read in a statement that names ``audit_events``
 first (the lock order above)."""
 _UNSEALED = f"""
     (SELECT {_ROW} FROM audit_events WHERE seq > {_SEALED_THROUGH} ORDER BY seq LIMIT $1)
     UNION ALL
-    (SELECT {_LATE} FROM audit_events a
-        JOIN audit_gaps g ON a.seq BETWEEN g.first_seq AND g.last_seq
-        WHERE g.skipped_at > $2 AND a.hash IS NULL)
+    (SELECT {_LATE} FROM audit_gaps g, {_LATE_IN_GAP} WHERE g.skipped_at > $2)
     ORDER BY seq LIMIT $1
 """
 EVERY_GAP = datetime.min.replace(tzinfo=UTC)
@@ -180,9 +183,8 @@ async def unsealed_count(conn: Connection, older_than_s: float = 0.0) -> int:
             WITH t AS (SELECT clock_timestamp() - make_interval(secs => $1) AS before)
             SELECT (SELECT count(*) FROM audit_events, t
                     WHERE seq > {_SEALED_THROUGH} AND at <= t.before)
-                + (SELECT count(*) FROM t, audit_events a
-                    JOIN audit_gaps g ON a.seq BETWEEN g.first_seq AND g.last_seq
-                    WHERE a.hash IS NULL AND a.at <= t.before)
+                + (SELECT count(*) FROM t, audit_gaps g, {_LATE_IN_GAP}
+                    WHERE a.at <= t.before)
             """,
             older_than_s,
         )
