@@ -212,20 +212,7 @@ def main() -> int:
                 if migrate.popen.wait(timeout=60) != 0:
                     raise BenchError(f"toolgate migrate failed:\n{migrate.tail()}")
                 procs.stop(migrate)
-                providers = procs.start(
-                    "providers",
-                    [
-                        sys.executable,
-                        "-m",
-                        "examples.demo_providers",
-                        "--host",
-                        HOST,
-                        "--port",
-                        str(provider_port),
-                    ],
-                    env,
-                )
-                wait_ready(providers, f"{providers_url}/billing/orders/ord_1/owner")
+                providers = start_providers(procs, env, provider_port)
                 targets = ["toolgate", "forwarder"]
                 bearer = token(secret)
                 servers: dict[str, Proc] = {}
@@ -285,6 +272,14 @@ def main() -> int:
     if rows:
         report(rows)
     return 1 if failed else 0
+
+
+def start_providers(procs: Processes, env: dict[str, str], port: int) -> Proc:
+    """The demo providers on ``port``, once they answer."""
+    argv = [sys.executable, "-m", "examples.demo_providers", "--host", HOST, "--port", str(port)]
+    providers = procs.start("providers", argv, env)
+    wait_ready(providers, f"http://{HOST}:{port}/billing/orders/ord_1/owner")
+    return providers
 
 
 def server_argv(target: str, port: int) -> list[str]:

@@ -249,20 +249,7 @@ def main() -> int:
                 migrate = procs.start("migrate", [run.venv_bin("toolgate"), "migrate"], env)
                 if migrate.popen.wait(timeout=600) != 0:
                     raise BenchError(f"toolgate migrate failed:\n{migrate.tail()}")
-                providers = procs.start(
-                    "providers",
-                    [
-                        sys.executable,
-                        "-m",
-                        "examples.demo_providers",
-                        "--host",
-                        HOST,
-                        "--port",
-                        str(provider_port),
-                    ],
-                    env,
-                )
-                wait_ready(providers, f"{providers_url}/billing/orders/ord_1/owner")
+                providers = run.start_providers(procs, env, provider_port)
                 server = procs.start("toolgate", run.server_argv("toolgate", port), env)
                 base = f"http://{HOST}:{port}"
                 wait_ready(server, base + "/readyz", timeout_s=120)
@@ -283,54 +270,28 @@ def main() -> int:
                 if "ops" not in skip:
                     print("ops queries (auditor and approver of the big tenant, admin):")
                     time_ops(base, tokens, asyncio.run(samples(url)), ns.repeat)
-                rows = []
                 with RssSampler({"toolgate": server.pid}) as sampler:
+
+                    def measure(workload: str, round_no: int) -> run.Row:
+                        return run.measure(
+                            ns, procs, sampler, base, agent, "toolgate", workload,
+                            server.pid, providers.pid, round_no,
+                        )  # fmt: skip
+
                     if "hot" not in skip:
                         print("hot path:")
-                        for round_no in range(1, ns.rounds + 1):
-                            for workload in run.WORKLOADS:
-                                rows.append(
-                                    run.measure(
-                                        ns,
-                                        procs,
-                                        sampler,
-                                        base,
-                                        agent,
-                                        "toolgate",
-                                        workload,
-                                        server.pid,
-                                        providers.pid,
-                                        round_no,
-                                    )
-                                )
-                        run.report(rows)
+                        run.report(
+                            [
+                                measure(workload, round_no)
+                                for round_no in range(1, ns.rounds + 1)
+                                for workload in run.WORKLOADS
+                            ]
+                        )
                     if "heavy" not in skip:
                         print("reads alone, then beside a client exporting and verifying:")
-                        alone = run.measure(
-                            ns,
-                            procs,
-                            sampler,
-                            base,
-                            agent,
-                            "toolgate",
-                            "read",
-                            server.pid,
-                            providers.pid,
-                            0,
-                        )
+                        alone = measure("read", 0)
                         with HeavyReader(base, tokens["admin"]) as heavy:
-                            beside = run.measure(
-                                ns,
-                                procs,
-                                sampler,
-                                base,
-                                agent,
-                                "toolgate",
-                                "read",
-                                server.pid,
-                                providers.pid,
-                                0,
-                            )
+                            beside = measure("read", 0)
                         print(
                             f"  p99 {alone.result.p99_ms:.1f} -> {beside.result.p99_ms:.1f} ms "
                             f"({beside.result.p99_ms / alone.result.p99_ms:.2f}x), req/s "

@@ -34,45 +34,25 @@ CREATE TABLE audit_anchor (
 
 -- Append-only as before, except that a sealed row the anchor already covers may be
 -- deleted: retention moves the anchor first, then deletes up to it, in one transaction.
-CREATE OR REPLACE FUNCTION audit_events_append_only() RETURNS trigger
+-- Updates stay with the function of 0005; deletes get their own.
+CREATE FUNCTION audit_events_removed_from_start() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    unchained audit_events;
 BEGIN
-    IF TG_OP = 'DELETE' THEN
-        IF OLD.chain_pos IS NOT NULL
-           AND OLD.chain_pos <= (SELECT chain_pos FROM audit_anchor) THEN
-            RETURN OLD;
-        END IF;
-        RAISE EXCEPTION 'audit_events is append-only: DELETE of seq % refused', OLD.seq
-            USING ERRCODE = 'insufficient_privilege';
+    IF OLD.chain_pos IS NOT NULL AND OLD.chain_pos <= (SELECT chain_pos FROM audit_anchor) THEN
+        RETURN OLD;
     END IF;
-    IF TG_OP = 'INSERT' THEN
-        RAISE EXCEPTION 'audit_events: a row is inserted unsealed'
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    IF OLD.chain_pos IS NOT NULL OR OLD.prev_hash IS NOT NULL OR OLD.hash IS NOT NULL
-       OR OLD.sealed_at IS NOT NULL THEN
-        RAISE EXCEPTION 'audit_events is append-only: seq % is already sealed', OLD.seq
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    IF NEW.chain_pos IS NULL OR NEW.prev_hash IS NULL OR NEW.hash IS NULL
-       OR NEW.sealed_at IS NULL THEN
-        RAISE EXCEPTION 'audit_events: sealing sets every chain column'
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    unchained := NEW;
-    unchained.chain_pos := OLD.chain_pos;
-    unchained.prev_hash := OLD.prev_hash;
-    unchained.hash := OLD.hash;
-    unchained.sealed_at := OLD.sealed_at;
-    IF unchained IS DISTINCT FROM OLD THEN
-        RAISE EXCEPTION 'audit_events is append-only: UPDATE of seq % refused', OLD.seq
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION 'audit_events is append-only: DELETE of seq % refused', OLD.seq
+        USING ERRCODE = 'insufficient_privilege';
 END;
 $$;
+
+DROP TRIGGER audit_events_append_only ON audit_events;
+CREATE TRIGGER audit_events_append_only
+    BEFORE UPDATE ON audit_events
+    FOR EACH ROW EXECUTE FUNCTION audit_events_append_only();
+CREATE TRIGGER audit_events_removed_from_start
+    BEFORE DELETE ON audit_events
+    FOR EACH ROW EXECUTE FUNCTION audit_events_removed_from_start();
 
 -- The approvals inbox: a call is pending until `pending_until` (its latest preview's
 -- expiry, or for a tool without a preview its proposal plus the approval's ttl_s), so a call

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +30,6 @@ from tests.flows import Flow, refund_args
 
 Auth = Callable[..., dict[str, str]]
 SEAL_BOUND_S = 5.0
-
-
-@pytest.fixture
-async def database(database_url: str, clean: None) -> AsyncIterator[Database]:
-    """The app's own database facade, for driving the sealer and verify directly."""
-    facade = Database(database_url)
-    await facade.open(min_size=1, max_size=4)
-    yield facade
-    await facade.close()
 
 
 def event(number: int, **fields: Any) -> AuditEvent:

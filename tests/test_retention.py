@@ -5,7 +5,6 @@ for the rows a call leaves."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -21,14 +20,6 @@ from tests.flows import Flow, new_key
 
 DAYS = 90
 KEEP_AUDIT = 400
-
-
-@pytest.fixture
-async def database(database_url: str, clean: None) -> AsyncIterator[Database]:
-    facade = Database(database_url)
-    await facade.open(min_size=1, max_size=4)
-    yield facade
-    await facade.close()
 
 
 def kept(settings: Settings, audit_days: int = 0) -> Settings:
@@ -59,12 +50,17 @@ async def counts(db: asyncpg.Connection) -> dict[str, int]:
     }
 
 
+@pytest.fixture(autouse=True)
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of two rows, so that every removal here takes several."""
+    monkeypatch.setattr(retention, "BATCH", 2)
+
+
 async def test_old_calls_leave_with_their_previews_and_approvals_in_small_batches(
     flow: Flow,
     db: asyncpg.Connection,
     database: Database,
     settings: Settings,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     old = []
     for amount in (150.0, 160.0, 170.0):
@@ -77,7 +73,6 @@ async def test_old_calls_leave_with_their_previews_and_approvals_in_small_batche
         await age(db, call_id, DAYS + 1)
     await db.execute("UPDATE runs SET created_at = created_at - interval '91 days'")
     before = await counts(db)
-    monkeypatch.setattr(retention, "BATCH", 2)
 
     removed = await retention.purge(database, kept(settings), pause_s=0)
 
@@ -102,7 +97,6 @@ async def test_expired_execution_records_leave_in_batches_and_then_their_calls(
     db: asyncpg.Connection,
     database: Database,
     settings: Settings,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls = []
     for _ in range(3):
@@ -110,7 +104,6 @@ async def test_expired_execution_records_leave_in_batches_and_then_their_calls(
         calls.append(answer.json()["call_id"])
         await age(db, calls[-1], DAYS + 1)
     await db.execute("UPDATE executions SET expires_at = now() - interval '1 second'")
-    monkeypatch.setattr(retention, "BATCH", 2)
 
     removed = await retention.purge(database, kept(settings), pause_s=0)
 
@@ -148,7 +141,6 @@ async def test_audit_rows_leave_from_the_start_of_the_chain_which_still_verifies
     db: asyncpg.Connection,
     database: Database,
     settings: Settings,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for number in range(6):
         await append(db, row(number))
@@ -158,7 +150,6 @@ async def test_audit_rows_leave_from_the_start_of_the_chain_which_still_verifies
     for number in range(6, 10):
         await append(db, row(number))
     await sealed(database)
-    monkeypatch.setattr(retention, "BATCH", 4)
     as_of = middle + timedelta(days=KEEP_AUDIT)
 
     removed = await retention.purge(database, kept(settings, KEEP_AUDIT), as_of, pause_s=0)
