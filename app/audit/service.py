@@ -24,8 +24,14 @@ from app.errors import Forbidden, InvalidRequest
 from app.settings import Settings
 from app.state import AppState
 
-EXPORT_PAGE = 500
-VERIFY_PAGE = 1000
+EXPORT_PAGE = 100
+VERIFY_PAGE = 200
+VERIFY_SLICE = 50
+HEAVY_PAUSE_S = 0.002
+"""Exports and verification run on the workers that answer decisions, so they work in small
+steps (a page of ``EXPORT_PAGE`` or ``VERIFY_PAGE`` rows read, ``VERIFY_SLICE`` hashed) and pause this long
+after each: a decision waiting behind one waits for a step, not a page of thousands, and a
+long export or verify takes a bounded share of the worker instead of all of it."""
 STALL_S = 60.0
 """A row unsealed this long after its insert is stalled: the sealer, every 0.2 s, passes a
 missing seq after 5 s, so only a pass that keeps failing or refusing leaves one this old."""
@@ -87,6 +93,7 @@ async def _lines(db: Database, where: AuditFilter, rows: list[AuditRow]) -> Asyn
             yield orjson.dumps(chain.item(row)) + b"\n"
         if len(rows) < EXPORT_PAGE:
             return
+        await asyncio.sleep(HEAVY_PAUSE_S)
         async with db.connection() as conn:
             rows = await store.page(conn, where, rows[-1].seq, EXPORT_PAGE)
 
@@ -98,7 +105,10 @@ async def verify_for(state: AppState, principal: Principal) -> VerifyReport:
 
 
 async def verify(
-    db: Database, public: PublicKey | None = None, exported: Sequence[Exported] = ()
+    db: Database,
+    public: PublicKey | None = None,
+    exported: Sequence[Exported] = (),
+    pause_s: float = HEAVY_PAUSE_S,
 ) -> VerifyReport:
     """Recompute the chain in sealing order from one snapshot and name the first thing that
     does not hold: a broken row, a chain cut short, a head not signed by ``public``'s key,
@@ -118,7 +128,11 @@ async def verify(
             rows = await store.chain_page(conn, walk.chain_pos, VERIFY_PAGE)
             if not rows:
                 break
-            walk = await asyncio.to_thread(chain.check, walk, rows, end)
+            for start in range(0, len(rows), VERIFY_SLICE):
+                walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
+                if walk.broken is not None:
+                    break
+                await asyncio.sleep(pause_s)
         beyond, uncovered = await store.unaccounted(conn, head, anchor)
         # Checkpoints of removed positions can no longer be compared; the anchor's can.
         exported = [(line, c) for line, c in exported if c.chain_pos >= anchor.chain_pos]
@@ -158,6 +172,6 @@ async def seal_and_verify(
     await db.open(min_size=1, max_size=2)
     try:
         await sealer.seal_all(db, key=key)
-        return await verify(db, public, exported)
+        return await verify(db, public, exported, pause_s=0.0)
     finally:
         await db.close()

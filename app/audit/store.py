@@ -104,6 +104,10 @@ _LAST_SEQ_UNTIL = f"""(SELECT max(seq) FROM (
 at or after ``since`` (any such row is among those within ``SLACK`` of it, or is the first
 one after), the highest of a row before ``until``. The filter then walks its seq-ordered
 index between the two instead of every row since the start."""
+_AT = "(at + interval '0 s')"
+"""``at`` where the page compares it: the same value, but not one ``audit_by_time`` can
+serve, so the page walks its filter's seq-ordered index between the bounds and stops after
+a page, instead of reading the whole window by time and sorting it."""
 
 
 async def page(
@@ -117,8 +121,8 @@ async def page(
             params.append(value)
             conditions.append(f"{column} = ${len(params)}")
     for condition, value in (
-        ("at >= $0 AND seq >= " + _FIRST_SEQ_SINCE, where.since),
-        ("at < $0 AND seq <= " + _LAST_SEQ_UNTIL, where.until),
+        (f"{_AT} >= $0 AND seq >= {_FIRST_SEQ_SINCE}", where.since),
+        (f"{_AT} < $0 AND seq <= {_LAST_SEQ_UNTIL}", where.until),
         ("seq > $0", after),
     ):
         if value is not None:
