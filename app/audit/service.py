@@ -8,6 +8,7 @@ it names a broken row by seq and reason only, never by its contents.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -28,10 +29,27 @@ EXPORT_PAGE = 100
 VERIFY_PAGE = 200
 VERIFY_SLICE = 50
 HEAVY_PAUSE_S = 0.002
-"""Exports and verification run on the workers that answer decisions, so they work in small
-steps (a page of ``EXPORT_PAGE`` or ``VERIFY_PAGE`` rows read, ``VERIFY_SLICE`` hashed) and pause this long
-after each: a decision waiting behind one waits for a step, not a page of thousands, and a
-long export or verify takes a bounded share of the worker instead of all of it."""
+REST_RATIO = 2.0
+
+
+class Paced:
+    """Exports and verification run on the workers that answer decisions, so they work in
+    small steps (a page of ``EXPORT_PAGE`` or ``VERIFY_PAGE`` rows read, ``VERIFY_SLICE``
+    hashed) and rest after each ``REST_RATIO`` times as long as it took (at least
+    ``pause_s``): a decision waiting behind one waits for a step, not for thousands of rows,
+    and a long export or verify takes at most a third of its worker. ``pause_s=0`` (the
+    command line, which serves nobody else) only yields."""
+
+    def __init__(self, pause_s: float = HEAVY_PAUSE_S) -> None:
+        self._pause_s = pause_s
+        self._since = time.perf_counter()
+
+    async def rest(self) -> None:
+        took = time.perf_counter() - self._since
+        await asyncio.sleep(max(self._pause_s, REST_RATIO * took) if self._pause_s else 0)
+        self._since = time.perf_counter()
+
+
 STALL_S = 60.0
 """A row unsealed this long after its insert is stalled: the sealer, every 0.2 s, passes a
 missing seq after 5 s, so only a pass that keeps failing or refusing leaves one this old."""
@@ -88,12 +106,12 @@ async def export(
 
 
 async def _lines(db: Database, where: AuditFilter, rows: list[AuditRow]) -> AsyncIterator[bytes]:
+    paced = Paced()
     while True:
-        for row in rows:
-            yield orjson.dumps(chain.item(row)) + b"\n"
+        yield b"".join(orjson.dumps(chain.item(row)) + b"\n" for row in rows)
         if len(rows) < EXPORT_PAGE:
             return
-        await asyncio.sleep(HEAVY_PAUSE_S)
+        await paced.rest()
         async with db.connection() as conn:
             rows = await store.page(conn, where, rows[-1].seq, EXPORT_PAGE)
 
@@ -124,6 +142,7 @@ async def verify(
         skipped = await store.skipped_count(conn)
         end = head.chain_pos if head else 0
         walk = chain.Walk(anchor.chain_pos, anchor.hash)
+        paced = Paced(pause_s)
         while walk.broken is None:
             rows = await store.chain_page(conn, walk.chain_pos, VERIFY_PAGE)
             if not rows:
@@ -132,7 +151,7 @@ async def verify(
                 walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
                 if walk.broken is not None:
                     break
-                await asyncio.sleep(pause_s)
+                await paced.rest()
         beyond, uncovered = await store.unaccounted(conn, head, anchor)
         # Checkpoints of removed positions can no longer be compared; the anchor's can.
         exported = [(line, c) for line, c in exported if c.chain_pos >= anchor.chain_pos]
