@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import http.client
 import os
 import secrets
 import shutil
@@ -34,6 +33,7 @@ import threading
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -209,7 +209,7 @@ class HeavyReader:
         self._stop.set()  # a verify under way is abandoned with the server (daemon thread)
 
     def _run(self) -> None:
-        with contextlib.suppress(OSError, http.client.HTTPException):
+        with contextlib.suppress(OSError, HTTPException):
             while not self._stop.is_set():
                 self.exports += 1
                 self._read("/audit/export")
