@@ -20,14 +20,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import health, metrics, telemetry
+from app import health, metrics, retention, telemetry
 from app.approvals import router as approvals
 from app.audit import router as audit
 from app.audit import sealer as audit_sealer
 from app.auth.tokens import TokenVerifier
 from app.calls import reconciler
 from app.calls import router as calls
-from app.calls import store as calls_store
 from app.calls.waiting import CallWaiters
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
@@ -42,12 +41,10 @@ from app.outbound import Outbound
 from app.providers import ProviderClient
 from app.responses import JSON, problem
 from app.runs import router as runs
-from app.runs import store as runs_store
 from app.settings import ConfigError, Settings
 from app.state import AppState
 from app.webhooks import sender as webhooks
 
-PURGE_EVERY_S = 60.0
 MAX_BODY_BYTES = 1 << 20
 """Every request body, on every route: far above any tool call's arguments."""
 GC_THRESHOLD = 20_000
@@ -95,23 +92,6 @@ async def close_state(state: AppState) -> None:
     await state.locks.close()
 
 
-async def purge_expired_records(state: AppState) -> None:
-    """Forget finished execution records once ``TOOLGATE_IDEMPOTENCY_TTL_S`` has passed, and
-    what ended runs remembered of their results."""
-    while True:
-        await asyncio.sleep(PURGE_EVERY_S)
-        try:
-            async with state.db.transaction() as conn:
-                purged = await calls_store.purge_expired(conn)
-                forgotten = await runs_store.purge_memories(conn)
-        except Unavailable:
-            continue
-        if purged:
-            log.info("purged %d expired execution records", purged)
-        if forgotten:
-            log.info("purged %d remembered windows of ended runs", forgotten)
-
-
 async def reload_catalog(state: AppState) -> None:
     """Swap in the catalog as it is on disk now; a broken one leaves the current in place."""
     settings = state.settings
@@ -131,7 +111,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.set_threshold(GC_THRESHOLD)
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = {
-        asyncio.create_task(purge_expired_records(state)),
+        asyncio.create_task(retention.run(state.db, state.settings)),
         asyncio.create_task(reconciler.run(state)),
         asyncio.create_task(state.waiters.listen(state.db)),
         asyncio.create_task(webhooks.run(state)),

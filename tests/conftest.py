@@ -42,7 +42,7 @@ import uvicorn
 from aiohttp import web
 
 from app.auth.tokens import mint
-from app.db import migrate
+from app.db import Database, migrate
 from app.embedded import EmbeddedPostgres
 from app.main import create_app
 from app.settings import Settings
@@ -97,6 +97,15 @@ async def redis_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[s
 async def database_url(admin_dsn: str) -> AsyncIterator[str]:
     async with fresh_database(admin_dsn, f"toolgate_test_{RUN}") as url:
         yield url
+
+
+@pytest.fixture
+async def database(database_url: str, clean: None) -> AsyncIterator[Database]:
+    """The app's own database facade, for driving the sealer and verify directly."""
+    facade = Database(database_url)
+    await facade.open(min_size=1, max_size=4)
+    yield facade
+    await facade.close()
 
 
 @pytest.fixture
@@ -275,7 +284,7 @@ async def clean(database_url: str) -> None:
         await conn.execute(
             "TRUNCATE calls, audit_events, dry_runs, approvals, executions, runs, run_repeats"
             ", run_windows, run_memory"
-            ", audit_chain, audit_gaps RESTART IDENTITY"
+            ", audit_chain, audit_gaps, audit_anchor RESTART IDENTITY"
         )
     finally:
         await conn.close()

@@ -105,6 +105,17 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Anchor:
+    """Where the chain starts once retention removed its oldest rows: the last removed row's
+    position, hash and time, and how many removed rows held seqs outside recorded gaps."""
+
+    chain_pos: int = 0
+    hash: str = "sha256:" + "0" * 64
+    at: datetime | None = None
+    outside_gaps: int = 0
+
+
+@dataclass(frozen=True)
 class Seal:
     """The chain columns the sealer writes onto one row."""
 
@@ -156,6 +167,10 @@ class VerifyReport:
     """The key the head's checkpoint names (verified or not); None when it is unsigned."""
     exported: int = 0
     """Checkpoints published outside the database that were checked against the chain."""
+    removed_through: int = 0
+    """Chain positions up to here were removed by retention; the walk starts after them."""
+    removed_before: datetime | None = None
+    """The time of the last removed row."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -168,6 +183,7 @@ class VerifyReport:
             "stalled": self.stalled,
             "signed": self.signed,
             "key_id": self.key_id,
+            "removed_through": self.removed_through,
         }
 
     def summary(self) -> str:
@@ -179,6 +195,11 @@ class VerifyReport:
             f"chain head: {self._signature()}",
             f"checked {self.exported} exported checkpoints",
         ]
+        if self.removed_through:
+            lines.append(
+                f"positions 1..{self.removed_through} removed by retention (rows up to "
+                f"{self.removed_before.isoformat() if self.removed_before else '?'})"
+            )
         if self.first_broken is not None:
             broken = self.first_broken
             where = f"seq {broken.seq}" if broken.seq is not None else "end of chain"
