@@ -4,24 +4,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from app.approvals import service
 from app.approvals.models import ApproveBody
-from app.deps import CurrentPrincipal, State, authenticate, read_body, state_of
+from app.deps import CurrentPrincipal, State
 from app.responses import JSON
+from app.routing import DecisionRoute
 
+decisions = APIRouter(route_class=DecisionRoute)
 router = APIRouter()
 
 
-async def approve(request: Request) -> JSON:
-    """A plain Starlette route, like the other decision endpoints (``app.calls.router``)."""
-    principal = await authenticate(request)
-    body = await read_body(request, ApproveBody)
-    return JSON(await service.approve(state_of(request), principal, body))
-
-
-router.add_route("/approve", approve, methods=["POST"])
+@decisions.post("/approve")
+async def approve(principal: CurrentPrincipal, state: State, body: ApproveBody) -> JSON:
+    """A ``DecisionRoute``, like the other decision endpoints (``app.calls.router``)."""
+    return JSON(await service.approve(state, principal, body))
 
 
 @router.get("/approvals")
