@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from app import recordable
 from app.auth.principal import Principal
-from app.errors import InvalidRequest, ToolgateError, Unauthenticated
+from app.errors import InvalidRequest, ToolgateError, Unauthenticated, Unavailable
 from app.state import AppState
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -66,6 +66,10 @@ def malformed(errors: Sequence[Any], skip: int) -> ToolgateError:
         ],
     )
 
+
+AUTHENTICATED = (Unauthenticated, Unavailable)
+"""The problems any route that authenticates may answer (``app.responses.problems``): no
+valid token, or a JWKS that cannot be fetched."""
 
 State = Annotated[AppState, Depends(get_state)]
 CurrentPrincipal = Annotated[Principal, Depends(authenticate)]

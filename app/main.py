@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import health, metrics, telemetry
+from app import health, metrics, openapi, telemetry
 from app.approvals import router as approvals
 from app.audit import router as audit
 from app.audit import sealer as audit_sealer
@@ -30,6 +30,7 @@ from app.calls import store as calls_store
 from app.calls.waiting import CallWaiters
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
+from app.console import apidocs
 from app.console import router as console
 from app.console.cors import CrossOrigin
 from app.db import Database, pending_migrations
@@ -207,6 +208,15 @@ def unexpected() -> JSON:
     return problem(ToolgateError("an unexpected error occurred; it has been logged"))
 
 
+class Toolgate(FastAPI):
+    """FastAPI, whose OpenAPI document is ``app.openapi.document``."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            self.openapi_schema = openapi.document(self)
+        return self.openapi_schema
+
+
 def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     """``sealer=False``: audit rows are sealed elsewhere (``toolgate serve``'s own process).
 
@@ -215,10 +225,13 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     error middleware, then, from the outside in, cross-origin access (when configured),
     telemetry and the request limits, then the exception handlers and the router."""
     telemetry.setup(settings.env)
-    app = FastAPI(
+    app = Toolgate(
         title="toolgate",
         lifespan=lifespan,
-        openapi_url=None,
+        openapi_url="/openapi.json",
+        docs_url=None,  # ``app.console.apidocs`` serves /docs without a CDN
+        redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
         telemetry=telemetry.FASTAPI_OFF,
     )
     app.state.settings = settings
@@ -237,6 +250,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(console.router)
+    app.include_router(apidocs.router)
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:

@@ -67,14 +67,14 @@ def api_routes(app: FastAPI) -> list[tuple[str, str]]:
         (method, route.path.replace("{call_id}", "call_x").replace("{run_id}", "run_x"))
         for route in routes(app)
         if route.include_in_schema
-        for method in sorted(route.methods)
+        for method in sorted(route.methods or ())
     ]
 
 
 async def test_a_middleware_added_the_ordinary_way_sees_every_route(
     pipeline: tuple[FastAPI, httpx.AsyncClient], auth: Auth
 ) -> None:
-    app, client = pipeline
+    _, client = pipeline
     read = {"tool": "get_order", "arguments": {"order_id": "ord_1"}}
     proposed = await client.post("/propose", json=read, headers=auth())
     assert proposed.status_code == 200, proposed.text

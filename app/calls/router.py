@@ -9,27 +9,66 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header
 
+from app import errors
 from app.calls import history, service
+from app.calls.answers import CallHistory, Execution, Preview, Proposal
 from app.calls.models import DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
-from app.deps import CurrentPrincipal, State
-from app.responses import JSON
+from app.deps import AUTHENTICATED, CurrentPrincipal, State
+from app.responses import JSON, problems
 from app.routing import DecisionRoute
 
 decisions = APIRouter(route_class=DecisionRoute)
 router = APIRouter()
 
+AUTHORIZED = (
+    *AUTHENTICATED,
+    errors.ContentTooLarge,
+    errors.ToolForbidden,
+    errors.IdentitySpoof,
+    errors.UnknownTool,
+    errors.NotFound,
+    errors.InvalidArguments,
+    errors.ProviderUnavailable,
+)
+"""What authorizing a call may answer: its refusals, an unknown call or run, and an owner
+lookup that could not be made."""
+RUN_LIMITS = (errors.RunLimitExceeded, errors.RepeatedCall)
+GATED = (
+    errors.ApprovalRequired,
+    errors.ApprovalExpired,
+    errors.ApprovalRejected,
+    errors.ApprovalMismatch,
+    errors.ApprovalConsumed,
+    errors.DryRunRequired,
+)
 
-@decisions.post("/propose")
+
+@decisions.post("/propose", response_model=Proposal, responses=problems(*AUTHORIZED, *RUN_LIMITS))
 async def propose(principal: CurrentPrincipal, state: State, body: ProposeBody) -> JSON:
     return JSON(await service.propose(state, principal, body))
 
 
-@decisions.post("/dry-run")
+@decisions.post(
+    "/dry-run", response_model=Preview, responses=problems(*AUTHORIZED, errors.ProviderTimeout)
+)
 async def dry_run(principal: CurrentPrincipal, state: State, body: DryRunBody) -> JSON:
     return JSON(await service.dry_run(state, principal, body))
 
 
-@decisions.post("/execute")
+@decisions.post(
+    "/execute",
+    response_model=Execution,
+    responses=problems(
+        *AUTHORIZED,
+        *RUN_LIMITS,
+        *GATED,
+        errors.IdempotencyKeyMissing,
+        errors.IdempotencyKeyInvalid,
+        errors.IdempotencyKeyReused,
+        errors.IdempotencyInFlight,
+        errors.ProviderTimeout,
+    ),
+)
 async def execute(
     principal: CurrentPrincipal,
     state: State,
@@ -42,7 +81,11 @@ async def execute(
     return JSON(outcome.body, headers=outcome.headers)
 
 
-@router.get("/calls/{call_id}")
+@router.get(
+    "/calls/{call_id}",
+    response_model=CallHistory,
+    responses=problems(*AUTHENTICATED, errors.NotFound),
+)
 async def call_history(
     call_id: str, principal: CurrentPrincipal, state: State, wait: float | None = None
 ) -> JSON:
