@@ -40,6 +40,7 @@ from app.locks import Locks
 from app.outbound import Outbound
 from app.providers import ProviderClient
 from app.responses import JSON, problem
+from app.routing import operation_id
 from app.runs import router as runs
 from app.settings import ConfigError, Settings
 from app.state import AppState
@@ -231,7 +232,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
         openapi_url="/openapi.json",
         docs_url=None,  # ``app.console.apidocs`` serves /docs without a CDN
         redoc_url=None,
-        generate_unique_id_function=openapi.operation_id,
+        generate_unique_id_function=operation_id,
         telemetry=telemetry.FASTAPI_OFF,
     )
     app.state.settings = settings
@@ -240,8 +241,11 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.add_middleware(telemetry.TelemetryMiddleware)
     if settings.cors_origins:
         app.add_middleware(CrossOrigin, origins=settings.cors_origins)
-    app.include_router(calls.decisions)
-    app.include_router(approvals.decisions)
+    # The decision endpoints are the first routes of the app's own router: an included router's
+    # routes are matched through two more levels (twice) on every request, which cost a read
+    # more CPU than the rest of the stack. Nothing else differs: a decision router has no
+    # prefix or dependencies of its own.
+    app.router.routes[0:0] = [*calls.decisions.routes, *approvals.decisions.routes]
     app.include_router(calls.router)
     app.include_router(approvals.router)
     app.include_router(runs.router)

@@ -65,11 +65,6 @@ def document(app: FastAPI) -> dict[str, Any]:
     return doc
 
 
-def operation_id(route: APIRoute) -> str:
-    """An operation is named after its endpoint function (``propose``, ``read_run``)."""
-    return route.name
-
-
 def _authenticates(dependant: Dependant) -> bool:
     return any(d.call is authenticate or _authenticates(d) for d in dependant.dependencies)
 

@@ -17,8 +17,9 @@ a list of steps, and serves a request by running them in order:
 Anything else in the signature (query or path parameters, nested dependencies, a body of
 another kind) is refused when the route is built, so the fast path never drops something
 FastAPI would have done. The endpoint returns its ``Response`` itself; ``response_model``
-documents it. A ``DecisionRoute`` is served as Starlette serves a route (``self.app``), so it
-must be included without a prefix or router-level dependencies, which it would not see.
+documents it. A ``DecisionRoute`` is served as Starlette serves a route (``self.app``): it
+sees no prefix or dependencies of a router that includes it, so ``app.main`` puts the
+decision routes straight into the app's own router.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ from app.deps import read_body
 
 Step = Callable[[Request], Awaitable[Any]]
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+def operation_id(route: APIRoute) -> str:
+    """An OpenAPI operation is named after its endpoint function (``propose``, ``read_run``)."""
+    return route.name
 
 
 class DecisionRoute(APIRoute):

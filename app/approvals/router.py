@@ -11,9 +11,9 @@ from app.approvals import service
 from app.approvals.models import ApprovalAnswer, ApproveBody, Inbox
 from app.deps import AUTHENTICATED, CurrentPrincipal, State
 from app.responses import JSON, problems
-from app.routing import DecisionRoute
+from app.routing import DecisionRoute, operation_id
 
-decisions = APIRouter(route_class=DecisionRoute)
+decisions = APIRouter(route_class=DecisionRoute, generate_unique_id_function=operation_id)
 router = APIRouter()
 
 

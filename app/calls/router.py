@@ -15,9 +15,9 @@ from app.calls.answers import CallHistory, Execution, Preview, Proposal
 from app.calls.models import DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
 from app.deps import AUTHENTICATED, CurrentPrincipal, State
 from app.responses import JSON, problems
-from app.routing import DecisionRoute
+from app.routing import DecisionRoute, operation_id
 
-decisions = APIRouter(route_class=DecisionRoute)
+decisions = APIRouter(route_class=DecisionRoute, generate_unique_id_function=operation_id)
 router = APIRouter()
 
 AUTHORIZED = (
