@@ -108,16 +108,6 @@ class RunCounters(BaseModel):
     seconds: float
 
 
-class RunCallAnswer(BaseModel):
-    call_id: str
-    tool: str
-    decision: str
-    code: str | None
-    state: str
-    impact: str | None
-    created_at: datetime
-
-
 class Run(BaseModel):
     """``GET /runs/{run_id}`` and ``POST /runs/{run_id}/finish``. An ended run also has
     ``reason``, ``recoverable`` and ``limit`` (the limit that ended it, if one did)."""
@@ -129,7 +119,7 @@ class Run(BaseModel):
     ]
     limits: RunLimits
     counters: RunCounters
-    calls: list[RunCallAnswer]
+    calls: list[RunCall]
     created_at: datetime | None
     finished_at: datetime | None
     reason: str | None = None
