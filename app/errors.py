@@ -18,6 +18,9 @@ class ToolgateError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal_error"
     title: ClassVar[str] = "Internal error"
+    audited: ClassVar[tuple[str, ...]] = ()
+    """Members of the problem that its audit row records too (as its ``outcome``); never
+    one that could hold an argument's value."""
 
     def __init_subclass__(cls, *, status: int, code: str, title: str, **kwargs: Any) -> None:
         """Every error class states its HTTP status, SPEC code and title where it is named."""
@@ -111,6 +114,16 @@ class ApprovalRejected(
     any later decision on the same call."""
 
 
+class TaintedArguments(
+    ToolgateError, status=403, code="tainted_arguments", title="Tainted arguments"
+):
+    """A policy denial: in a run, an argument carries a value from an untrusted result (and
+    not from the run's task), and the tool's ``on_taint`` is ``deny``; ``taint`` names the
+    arguments and the calls whose results held them."""
+
+    audited = ("taint",)
+
+
 class ApproverForbidden(
     ToolgateError, status=403, code="approver_forbidden", title="Approver forbidden"
 ):
@@ -153,6 +166,13 @@ class ApprovalConsumed(
 ):
     """The approval was already used by another execution, or the call was already decided
     or executed."""
+
+
+class ApprovalStale(ToolgateError, status=409, code="approval_stale", title="Approval stale"):
+    """The provider's preview of an approved call changed since the approval: nothing ran, the
+    approval is not used, and the call needs a new dry-run and approval."""
+
+    audited = ("approved_snapshot_hash", "current_snapshot_hash")
 
 
 class IdempotencyInFlight(
@@ -210,5 +230,6 @@ class ProviderTimeout(
 
 # Policy denials that are recorded as decisions (SPEC §4 /propose).
 DENIALS: dict[str, type[ToolgateError]] = {
-    cls.code: cls for cls in (ToolForbidden, IdentitySpoof, UnknownTool, InvalidArguments)
+    cls.code: cls
+    for cls in (ToolForbidden, IdentitySpoof, UnknownTool, InvalidArguments, TaintedArguments)
 }

@@ -37,11 +37,13 @@ from app.db import Database, pending_migrations
 from app.deps import malformed
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
+from app.mcp import router as mcp
 from app.outbound import Outbound
 from app.providers import ProviderClient
 from app.responses import JSON, problem
 from app.routing import operation_id
 from app.runs import router as runs
+from app.runs import store as runs_store
 from app.settings import ConfigError, Settings
 from app.state import AppState
 from app.webhooks import sender as webhooks
@@ -95,16 +97,20 @@ async def close_state(state: AppState) -> None:
 
 
 async def purge_expired_records(state: AppState) -> None:
-    """Forget finished execution records once ``TOOLGATE_IDEMPOTENCY_TTL_S`` has passed."""
+    """Forget finished execution records once ``TOOLGATE_IDEMPOTENCY_TTL_S`` has passed, and
+    what ended runs remembered of their results."""
     while True:
         await asyncio.sleep(PURGE_EVERY_S)
         try:
             async with state.db.transaction() as conn:
                 purged = await calls_store.purge_expired(conn)
+                forgotten = await runs_store.purge_memories(conn)
         except Unavailable:
             continue
         if purged:
             log.info("purged %d expired execution records", purged)
+        if forgotten:
+            log.info("purged %d remembered windows of ended runs", forgotten)
 
 
 async def reload_catalog(state: AppState) -> None:
@@ -141,7 +147,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
     try:
-        yield
+        async with app.state.mcp.running():
+            yield
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
         for task in tasks:
@@ -255,6 +262,8 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(console.router)
     app.include_router(apidocs.router)
+    app.state.mcp = mcp.Endpoint()
+    app.router.routes.extend(mcp.routes(app.state.mcp))
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:

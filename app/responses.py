@@ -22,7 +22,7 @@ class JSON(JSONResponse):
 
 def problem(error: ToolgateError, headers: dict[str, str] | None = None) -> JSON:
     if error.status == 401:
-        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+        headers = {"WWW-Authenticate": "Bearer", **(headers or {})}
     return JSON(error.problem(), status_code=error.status, headers=headers, media_type=PROBLEM_JSON)
 
 

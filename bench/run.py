@@ -156,6 +156,19 @@ def token(secret: str) -> str:
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
+def migrate_and_start_providers(procs: Processes, env: dict[str, str], port: int) -> Proc:
+    """``toolgate migrate`` the bench database, then start the demo providers on ``port``
+    and wait until they answer."""
+    migrate = procs.start("migrate", [venv_bin("toolgate"), "migrate"], env)
+    if migrate.popen.wait(timeout=60) != 0:
+        raise BenchError(f"toolgate migrate failed:\n{migrate.tail()}")
+    procs.stop(migrate)
+    argv = [sys.executable, "-m", "examples.demo_providers", "--host", HOST, "--port", str(port)]
+    providers = procs.start("providers", argv, env)
+    wait_ready(providers, f"http://{HOST}:{port}/billing/orders/ord_1/owner")
+    return providers
+
+
 def smoke(url: str, bearer: str, workload: str, label: str) -> None:
     """One request by hand, so a broken target fails loudly before wrk hides it in counts."""
     headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
@@ -208,24 +221,7 @@ def main() -> int:
             create_database(ns.postgres, db_name)
             database_created = True
             with Processes(log_dir) as procs:
-                migrate = procs.start("migrate", [venv_bin("toolgate"), "migrate"], env)
-                if migrate.popen.wait(timeout=60) != 0:
-                    raise BenchError(f"toolgate migrate failed:\n{migrate.tail()}")
-                procs.stop(migrate)
-                providers = procs.start(
-                    "providers",
-                    [
-                        sys.executable,
-                        "-m",
-                        "examples.demo_providers",
-                        "--host",
-                        HOST,
-                        "--port",
-                        str(provider_port),
-                    ],
-                    env,
-                )
-                wait_ready(providers, f"{providers_url}/billing/orders/ord_1/owner")
+                providers = migrate_and_start_providers(procs, env, provider_port)
                 targets = ["toolgate", "forwarder"]
                 bearer = token(secret)
                 servers: dict[str, Proc] = {}

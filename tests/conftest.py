@@ -17,7 +17,6 @@ than coordinating one shared server across workers would cost in code).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import importlib.util
 import json
 import os
@@ -288,6 +287,7 @@ async def clean(database_url: str) -> None:
     try:
         await conn.execute(
             "TRUNCATE calls, audit_events, dry_runs, approvals, executions, runs, run_repeats"
+            ", run_windows, run_memory"
             ", audit_chain, audit_gaps RESTART IDENTITY"
         )
     finally:
@@ -477,25 +477,11 @@ async def embedded_server() -> AsyncIterator[OwnPostgres]:
     base = Path(tempfile.mkdtemp(prefix="toolgate-postgres-"))
     server = OwnPostgres(EmbeddedPostgres(base))
     try:
-        async with one_start_at_a_time():
-            await server.start()
+        await server.start()
         yield server
     finally:
         await server.stop()
         shutil.rmtree(base, ignore_errors=True)
-
-
-@asynccontextmanager
-async def one_start_at_a_time() -> AsyncIterator[None]:
-    """Held while a new embedded server starts. Its first start as root creates the system
-    user it runs as; two test processes (xdist workers) doing that at once would race, and
-    the loser's ``useradd`` fails."""
-    with open(Path(tempfile.gettempdir()) / "toolgate-test-postgres-start.lock", "a") as lock:
-        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -134,6 +134,30 @@ CASES: dict[str, Case] = {
         ("tools", "issue_refund", "parameters"),
         line="maxLength: -1",
     ),
+    "on_taint_approve_on_a_read": Case(
+        "    result: {fields: [id, status]}\n",
+        "    result: {fields: [id, status]}\n    on_taint: approve\n",
+        ("tools", "get_order", "on_taint"),
+        line="on_taint: approve",
+    ),
+    "on_taint_that_is_not_a_choice": Case(
+        "    result: {fields: [id, status]}\n",
+        "    result: {fields: [id, status]}\n    on_taint: warn\n",
+        ("tools", "get_order", "on_taint"),
+        line="on_taint: warn",
+    ),
+    "on_taint_approve_without_an_approval_section": Case(
+        '    impact: high\n    approval: {approvers: ["role:support_lead"]}\n',
+        "    on_taint: approve\n",
+        ("tools", "update_email", "on_taint"),
+        line="on_taint: approve",
+    ),
+    "recheck_without_a_dry_run": Case(
+        'approval: {approvers: ["role:support_lead"]}',
+        'approval: {approvers: ["role:support_lead"], recheck: true}',
+        ("tools", "update_email", "approval", "recheck"),
+        line="recheck: true",
+    ),
     "cel_that_does_not_compile": Case(
         'high_impact_when: "args.amount > 100.0"',
         'high_impact_when: "args.amount >"',

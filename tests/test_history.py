@@ -24,8 +24,14 @@ async def test_a_calls_history_tells_its_whole_life(flow: Flow) -> None:
         "proposed",
         "dry_run",
         "approved",
+        "dry_run",
         "executed",
     ]
+    assert life["decisions"][3]["outcome"] == {
+        "recheck": "unchanged",
+        "snapshot_hash": preview["snapshot_hash"],
+    }
+    assert life["proposal"]["taint"] == []
     assert life["dry_runs"][0]["snapshot_hash"] == preview["snapshot_hash"]
     assert life["approval"]["approver"] == "bob"
     assert life["approval"]["consumed_by"] == executed.json()["operation_id"]

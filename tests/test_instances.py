@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
@@ -56,16 +57,23 @@ class Instance:
                 self.process.wait()
 
 
-@pytest.fixture
-async def instances(lock_env: dict[str, str]) -> AsyncIterator[list[Instance]]:
-    """Two instances, sharing their locks through Redis or through PostgreSQL."""
-    started = [Instance(lock_env), Instance(lock_env)]
+@asynccontextmanager
+async def two_instances(env: dict[str, str]) -> AsyncIterator[list[Instance]]:
+    """Two ready instances with ``env``, stopped afterwards."""
+    started = [Instance(env), Instance(env)]
     try:
         await asyncio.gather(*(i.ready() for i in started))
         yield started
     finally:
         for instance in started:
             instance.stop()
+
+
+@pytest.fixture
+async def instances(lock_env: dict[str, str]) -> AsyncIterator[list[Instance]]:
+    """Two instances, sharing their locks through Redis or through PostgreSQL."""
+    async with two_instances(lock_env) as started:
+        yield started
 
 
 @pytest.fixture

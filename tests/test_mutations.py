@@ -74,7 +74,15 @@ async def test_a_high_impact_refund_runs_once_and_replays(
     assert await effects(providers) == 1
     sent = [r for r in await providers.requests() if r["path"] == REFUNDS]
     assert sent[0]["headers"]["Idempotency-Key"] == body["operation_id"]
-    assert await events(db) == ["proposed", "dry_run", "approved", "executed", "replayed"]
+    # the second dry_run is the recheck of the approved preview just before it ran
+    assert await events(db) == [
+        "proposed",
+        "dry_run",
+        "approved",
+        "dry_run",
+        "executed",
+        "replayed",
+    ]
     row = await db.fetchrow("SELECT state, approval_id FROM executions")
     assert (row["state"], row["approval_id"]) == ("succeeded", approval.json()["approval_id"])
     assert await db.fetchval("SELECT state FROM calls WHERE id = $1", body["call_id"]) == (

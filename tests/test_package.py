@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -206,7 +207,9 @@ def _imported_modules(*packages: str) -> set[str]:
 
 def _module_file(name: str) -> str | None:
     try:
-        module = importlib.import_module(name)
+        with warnings.catch_warnings():  # as app.embedded imports the embedded store's wheel
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            module = importlib.import_module(name)
     except ModuleNotFoundError:  # ``from module import attribute``: not a module of its own
         return None
     return getattr(module, "__file__", None)  # None for a namespace package

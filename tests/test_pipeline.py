@@ -44,7 +44,8 @@ class Seen:
 async def pipeline(
     settings: Settings, clean: None, providers: Providers
 ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    """The app as it ships, plus ``Seen`` and a mounted Starlette sub-application."""
+    """The app as it ships (its MCP endpoint included), plus ``Seen`` and a mounted Starlette
+    sub-application."""
     app = create_app(settings)
     app.add_middleware(Seen)
     app.mount("/mounted", Starlette(routes=[Route("/ping", lambda _: PlainTextResponse("pong"))]))
@@ -91,8 +92,9 @@ async def test_a_middleware_added_the_ordinary_way_sees_every_route(
         await client.get("/audit", headers=auth(roles="auditor")),
         await client.get(f"/calls/{call_id}", headers=auth()),
         await client.get("/mounted/ping"),
+        await client.post("/mcp", json={}),
     ]
-    assert [a.status_code for a in answers] == [400, 200, 400, 200, 200, 200, 200]
+    assert [a.status_code for a in answers] == [400, 200, 400, 200, 200, 200, 200, 401]
     assert Seen.requests == [
         ("POST", "/propose"),
         ("POST", "/dry-run"),
@@ -102,6 +104,7 @@ async def test_a_middleware_added_the_ordinary_way_sees_every_route(
         ("GET", "/audit"),
         ("GET", f"/calls/{call_id}"),
         ("GET", "/mounted/ping"),
+        ("POST", "/mcp"),
     ]
 
 

@@ -122,6 +122,7 @@ class InboxRow:
     requested_at: datetime
     expires_at: datetime | None
     status: str
+    taint: list[dict[str, str]] | None
 
     @property
     def target(self) -> dict[str, str] | None:
@@ -158,6 +159,7 @@ class InboxItem(BaseModel):
     requested_at: datetime
     expires_at: datetime | None
     status: Literal["pending", "approved", "rejected", "expired"]
+    taint: list[answers.Taint]
     sensitive_arguments: dict[str, Any] | None = None
 
 

@@ -89,11 +89,18 @@ def _repeated(new: ApprovalRow, call_state: str, standing: list[ApprovalRow]) ->
     """The stored decision that ``new`` repeats (a double click gets the first one's answer),
     or ``None`` when ``new`` may be stored. A call is decided once: it holds at most one live
     approval, a rejection is final, and a call that has run or is running is not decided
-    again. ``standing`` is read under the call's lock, so concurrent decisions take turns."""
+    again. ``standing`` is read under the call's lock, so concurrent decisions take turns.
+    An unused approval of another preview than ``new``'s no longer stands: the world changed
+    since (a stale approval), and it can only run if the latest preview is its own again."""
     if call_state in STARTED or any(a.consumed_by is not None for a in standing):
         raise ApprovalConsumed(
             "this call has already been executed; it cannot be decided again", call_id=new.call_id
         )
+    standing = [
+        a
+        for a in standing
+        if a.decision == "reject" or a.snapshot_hash == new.binding.snapshot_hash
+    ]
     if not standing:
         return None
     prior = standing[0]
@@ -237,6 +244,7 @@ async def inbox(
             "requested_at": row.requested_at.isoformat(),
             "expires_at": row.expires_at.isoformat() if row.expires_at else None,
             "status": row.status,
+            "taint": row.taint or [],
         }
         if row.status == "pending" and tool.sensitive_args:
             item["sensitive_arguments"] = sensitive_values(row.arguments, tool.sensitive_args)

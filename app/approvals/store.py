@@ -109,7 +109,7 @@ async def inbox(
     rows = await conn.fetch(
         f"""
         SELECT id, tool, actor, tenant, target_type, target_id, arguments, impact, snapshot,
-               snapshot_hash, requested_at, expires_at, status
+               snapshot_hash, requested_at, expires_at, status, taint
         FROM ({_INBOX[status]}) page
         WHERE $2::timestamptz IS NULL OR (requested_at, id) < ($2, $3)
         ORDER BY requested_at DESC, id DESC LIMIT $4

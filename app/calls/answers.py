@@ -33,6 +33,14 @@ class AuthorizedBy(BaseModel):
     approval_id: str | None = None
 
 
+class Taint(BaseModel):
+    """An argument holding a value an untrusted result of the same run returned, and the
+    call that returned it."""
+
+    argument: str
+    source_call_id: str
+
+
 class Proposal(BaseModel):
     """``POST /propose``: the call is allowed, and ``next`` says what it still needs."""
 
@@ -49,6 +57,8 @@ class Proposal(BaseModel):
     policy_version: str
     proposed_by: Literal["model"]
     authorized_by: AuthorizedBy
+    taint: list[Taint]
+    """Arguments carrying values from untrusted results of the run (empty outside a run)."""
 
 
 class Preview(BaseModel):
@@ -79,6 +89,9 @@ class Execution(BaseModel):
 
 
 class CallProposal(BaseModel):
+    """``arguments`` has sensitive values masked; ``sensitive_arguments`` shows them, only to
+    a caller who may decide the call now."""
+
     arguments: dict[str, Any]
     fingerprint: str | None
     target: Target | None
@@ -91,6 +104,8 @@ class CallProposal(BaseModel):
     policy_version: str
     proposed_by: Literal["model"]
     authorized_by: AuthorizedBy | None
+    taint: list[Taint]
+    sensitive_arguments: dict[str, Any] | None = None
 
 
 class CallDecision(BaseModel):
@@ -162,8 +177,7 @@ class CallTimings(BaseModel):
 
 class CallHistory(BaseModel):
     """``GET /calls/{call_id}``: the call's whole life. ``may_decide``: the caller may
-    approve or reject it now; only then are its sensitive arguments shown
-    (``sensitive_arguments``)."""
+    approve or reject it now."""
 
     call_id: str
     tool: str

@@ -18,6 +18,7 @@ from app.calls.recording import write_denial
 from app.catalog.models import Owner
 from app.errors import DENIALS, NotFound, ToolgateError, UnknownTool
 from app.runs import service as runs
+from app.runs.provenance import Recall
 from app.state import AppState
 
 T = TypeVar("T")
@@ -44,7 +45,8 @@ async def authorize(
             request.tool, policy.completed(request.tool, request.principal, request.raw_arguments)
         )
         policy.precheck(request.principal, call)
-        decision = policy.decide(request.principal, call, await facts_of(state, call))
+        facts = await facts_of(state, call, request.run_id)
+        decision = policy.decide(request.principal, call, facts)
     except ToolgateError as error:
         if error.code in DENIALS:
             async with state.db.transaction() as conn:
@@ -61,7 +63,7 @@ async def authorize(
     return Authorized(request, call, decision)
 
 
-async def facts_of(state: AppState, call: PreparedCall) -> Facts:
+async def facts_of(state: AppState, call: PreparedCall, run_id: str | None) -> Facts:
     owners = await owners_of(state, call)
     hosts = [policy.egress_host(url) for _, url in call.egress]
     addresses = iter(await concurrently([egress.resolve(h) for h in hosts if h is not None]))
@@ -71,7 +73,20 @@ async def facts_of(state: AppState, call: PreparedCall) -> Facts:
             arg: next(addresses) if host is not None else ()
             for (arg, _), host in zip(call.egress, hosts, strict=True)
         },
+        recall=await recall_of(state, call, run_id),
     )
+
+
+async def recall_of(state: AppState, call: PreparedCall, run_id: str | None) -> Recall | None:
+    """What the call's run remembers of its arguments; nothing to ask outside a run, for a
+    tool that allows tainted arguments, or without an argument long enough to judge. A
+    database that cannot answer fails the request (503), never passes it as untainted."""
+    candidates = policy.taint_candidates(call) if run_id is not None else []
+    if not candidates:
+        return None
+    assert run_id is not None
+    async with state.db.connection() as conn:
+        return await runs.recall(conn, run_id, candidates)
 
 
 async def owners_of(state: AppState, call: PreparedCall) -> list[Owner | None]:

@@ -1,6 +1,7 @@
 """What a mutation's first call must show before it may run: an approval of this call that
-is approved, unexpired, unused and bound to exactly this request, and, for a tool that
-requires one, an unexpired dry-run of it."""
+is approved, unexpired, unused and bound to exactly this request (and, for a tool that
+rechecks, whose preview still stands), and, for a tool that requires one, an unexpired
+dry-run of it."""
 
 from __future__ import annotations
 
@@ -11,15 +12,68 @@ from app.approvals.models import ApprovalRow, Binding
 from app.calls import store
 from app.calls.models import Authorized, CallRow, DryRunRow
 from app.calls.policy import PreparedCall
+from app.calls.results import classify
+from app.canonical import digest
 from app.errors import (
     ApprovalConsumed,
     ApprovalExpired,
     ApprovalMismatch,
     ApprovalRejected,
     ApprovalRequired,
+    ApprovalStale,
     DryRunRequired,
+    ProviderTimeout,
+    ProviderUnavailable,
 )
+from app.outbound import NotSent, Response, TooLarge, Uncertain
 from app.state import AppState
+
+TOO_LARGE = "the provider's response is too large"
+
+
+async def preview(state: AppState, authorized: Authorized, call_id: str) -> Response:
+    """The provider's preview of the authorized call (its ``dry_run`` endpoint); nothing
+    certain to show is a 502 or 504, never an empty preview."""
+    call, tool = authorized.call, authorized.tool
+    assert tool.dry_run is not None
+    try:
+        response = await state.providers.call(
+            tool.provider, tool.dry_run, call.arguments, authorized.principal, call_id
+        )
+    except NotSent as exc:
+        raise ProviderUnavailable("the provider could not be reached", call_id=call_id) from exc
+    except TooLarge as exc:
+        raise ProviderUnavailable(TOO_LARGE, call_id=call_id) from exc
+    except Uncertain as exc:
+        raise ProviderTimeout(
+            "the provider did not answer the preview in time", call_id=call_id
+        ) from exc
+    if classify(response.status) != "succeeded":
+        raise ProviderUnavailable(
+            "the provider gave no preview", call_id=call_id, provider_status=response.status
+        )
+    return response
+
+
+async def recheck(state: AppState, authorized: Authorized, approval: ApprovalRow) -> Response:
+    """Preview the approved call again (``approval.recheck``): the approval holds only if
+    the world still looks as the approver saw it. A changed preview is ``ApprovalStale``,
+    with both hashes; the current preview otherwise. An approval that consumption would
+    refuse anyway (its call rejected, or run on another approval) is refused as such: before
+    asking the provider, and again when the preview changed, since the change may be that
+    very execution's effect (it consumed the approval before it sent)."""
+    await _refuse_used(state, approval)
+    response = await preview(state, authorized, approval.call_id)
+    current = digest(response.body)
+    if current != approval.snapshot_hash:
+        await _refuse_used(state, approval)
+        raise ApprovalStale(
+            "the preview changed since the approval: preview and approve the call again",
+            call_id=approval.call_id,
+            approved_snapshot_hash=approval.snapshot_hash,
+            current_snapshot_hash=current,
+        )
+    return response
 
 
 async def valid_approval(
@@ -64,6 +118,13 @@ async def valid_approval(
     if approval.consumed_by is not None:
         raise ApprovalConsumed("the approval was used by another execution")
     return approval
+
+
+async def _refuse_used(state: AppState, approval: ApprovalRow) -> None:
+    async with state.db.connection() as conn:
+        standing = await approvals.standing(conn, approval.call_id)
+    if any(a.decision == "reject" or a.consumed_by is not None for a in standing):
+        raise ApprovalConsumed("the call was already rejected or executed")
 
 
 def standing_approval(standing: list[ApprovalRow]) -> ApprovalRow | None:

@@ -101,6 +101,7 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "policy_version": call.policy_version,
         "proposed_by": call.proposed_by,
         "authorized_by": call.authorized_by,
+        "taint": call.taint or [],
     }
     deciding = may_decide(state, principal, call)
     if sensitive and deciding:

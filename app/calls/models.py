@@ -175,6 +175,8 @@ class CallRow:
     policy_version: str
     proposed_by: str
     authorized_by: dict[str, Any] | None
+    taint: list[dict[str, str]] | None = None
+    """What the proposal found: ``[{argument, source_call_id}]`` (``None`` before 0012)."""
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

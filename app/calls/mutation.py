@@ -151,7 +151,7 @@ class OpenExecution:
                     changed = await store.finish(conn, *args)
                     if changed:
                         await recording.record_run_outcome(
-                            conn, request, self.call, status, answer["result"]
+                            conn, request, self.call, record.call_id, status, answer["result"]
                         )
                         await webhooks.announce(
                             conn,
@@ -205,7 +205,7 @@ class OpenExecution:
                 )
                 if changed:
                     await recording.record_run_outcome(
-                        conn, self.request, self.call, "unknown", None
+                        conn, self.request, self.call, record.call_id, "unknown", None
                     )
         except Unavailable:
             self._unrecorded("unknown")
@@ -367,6 +367,7 @@ class Execution:
         request, call, tool = authorized.request, authorized.call, authorized.tool
         call_id = existing.id if existing else None
         approval: ApprovalRow | None = None
+        rechecked: AuditEvent | None = None
         try:
             gates.check_same_call(existing, call)
             if existing is not None and existing.state == "rejected":
@@ -376,6 +377,10 @@ class Execution:
                     self.state, authorized, self.approval_id, call_id, self.dry_run_id
                 )
                 call_id = call_id or approval.call_id
+                if tool.recheck and approval.snapshot_hash is not None:
+                    rechecked = self._rechecked(
+                        approval, await gates.recheck(self.state, authorized, approval)
+                    )
             elif tool.require_dry_run:
                 await gates.require_dry_run(self.state, authorized, self.dry_run_id)
         except ToolgateError as error:
@@ -390,6 +395,7 @@ class Execution:
                         new_call=call_id is None,
                         deny_call=False,
                         event="expired" if error.code == "approval_expired" else "denied",
+                        taint=authorized.decision.taint,
                     )
             raise
         call_id = call_id or new_id("call")
@@ -418,10 +424,29 @@ class Execution:
                     conn, approval.id, record.operation_id
                 ):
                     raise ApprovalConsumed("the approval was used by another execution")
+                if rechecked is not None:
+                    await append(conn, rechecked)
         if refusal is not None:
             raise refusal
         telemetry.decided(authorized, call_id, quiet=True)
         return await self._send(record, resumed=False)
+
+    def _rechecked(self, approval: ApprovalRow, preview: Response) -> AuditEvent:
+        """The audit row of a recheck that found the approved preview unchanged (a changed
+        one is the ``approval_stale`` denial, with both hashes)."""
+        authorized = self.authorized
+        return recording.audit_event(
+            authorized.request,
+            authorized.call,
+            "dry_run",
+            approval.call_id,
+            decision="allow",
+            reason="recheck: the preview is as approved",
+            approval_id=approval.id,
+            authorized_by=recording.authorized_by(authorized.request),
+            outcome={"recheck": "unchanged", "snapshot_hash": approval.snapshot_hash},
+            provider_ms=preview.elapsed_ms,
+        )
 
     async def _resume(self, record: ExecutionRow) -> Answer:
         """An open record whose worker is gone: ask the provider what happened before

@@ -20,7 +20,8 @@ from app import recordable
 from app.auth.principal import Principal
 from app.canonical import SAFE_INTEGER, digest
 from app.catalog.models import Impact, Owner, Resource, Tool, argument_text
-from app.errors import IdentitySpoof, InvalidArguments, ToolForbidden
+from app.errors import IdentitySpoof, InvalidArguments, TaintedArguments, ToolForbidden
+from app.runs.provenance import Candidate, Recall, Taint, candidates, findings
 
 Next = Literal["execute", "dry_run", "approval"]
 NOT_ACCESSIBLE = "a resource named in the arguments is not accessible to this session"
@@ -58,12 +59,16 @@ class Facts:
     """Owner per ``x-resource`` argument; ``None`` when missing (or not ours to know)."""
     addresses: Mapping[str, tuple[str, ...]]
     """Resolved addresses per ``x-egress`` argument; empty when resolution failed."""
+    recall: Recall | None = None
+    """What the call's run remembers of its arguments (``taint_candidates``); ``None``
+    outside a run, or when nothing needs judging."""
 
 
 @dataclass(frozen=True)
 class Decision:
     impact: Impact
     next: Next
+    taint: tuple[Taint, ...] = ()
 
 
 def fingerprint(tool: str, target: Target | None, arguments: Mapping[str, Any]) -> str:
@@ -326,8 +331,33 @@ def decide(principal: Principal, call: PreparedCall, facts: Facts) -> Decision:
         addresses = facts.addresses.get(arg, ())
         if egress_host(url) is None or not addresses or not all(map(is_public, addresses)):
             raise ToolForbidden(f"argument {arg!r} must be an http(s) URL of a public host")
+    taint = tainted(call, facts.recall)
+    if taint and call.tool.on_taint == "deny":
+        raise TaintedArguments(
+            "arguments carry values from untrusted results: "
+            + ", ".join(dict.fromkeys(t.argument for t in taint)),
+            taint=[t.as_dict() for t in taint],
+        )
     impact = impact_of(principal, call)
-    return Decision(impact=impact, next=next_step(call.tool, impact))
+    if taint and call.tool.on_taint == "approve":
+        impact = "high"
+    return Decision(impact=impact, next=next_step(call.tool, impact), taint=taint)
+
+
+def taint_candidates(call: PreparedCall) -> list[Candidate]:
+    """The arguments whose provenance the decision needs, if the tool cares: string arguments
+    long enough to judge, except ``x-identity`` ones (always the session's own)."""
+    if call.tool.on_taint == "allow":
+        return []
+    return candidates(call.arguments, call.tool.identity_args, call.tool.sensitive_args)
+
+
+def tainted(call: PreparedCall, recall: Recall | None) -> tuple[Taint, ...]:
+    """The call's arguments copied from untrusted results of its run and not from its task
+    (``app.runs.provenance``)."""
+    if recall is None:
+        return ()
+    return findings(taint_candidates(call), recall)
 
 
 def check_owners(tool: Tool, tenant: str, user: str, owners: list[Owner | None]) -> None:

@@ -19,6 +19,7 @@ from app.calls.results import mask_arguments
 from app.db import Connection
 from app.errors import ToolgateError
 from app.runs import service as runs
+from app.runs.provenance import Taint
 
 PROPOSED_BY = "model"
 
@@ -69,7 +70,18 @@ def call_row(
         policy_version=request.catalog.policy_version,
         proposed_by=PROPOSED_BY,
         authorized_by=None if error else authorized_by(request),
+        taint=taint_list(decision, error),
     )
+
+
+def taint_list(
+    decision: Decision | None, error: ToolgateError | None
+) -> list[dict[str, str]] | None:
+    """The taint a decision found, or a taint denial named: ``[{argument, source_call_id}]``;
+    ``None`` when there is none."""
+    if decision is not None:
+        return [t.as_dict() for t in decision.taint] or None
+    return (error.extra.get("taint") or None) if error is not None else None
 
 
 def audit_event(
@@ -105,13 +117,25 @@ async def write_denial(
     new_call: bool,
     deny_call: bool,
     event: str = "denied",
+    taint: tuple[Taint, ...] = (),
 ) -> None:
     """Store a denial with its audit row, in the caller's transaction; ``deny_call`` also
     marks an existing call denied. A new denied call still counts against its run: a loop
-    of refused calls is a loop too."""
+    of refused calls is a loop too. The audit row's ``outcome`` holds the error's audited
+    members and the ``taint`` the refused decision had found (sources, never values)."""
     error.extra["call_id"] = call_id
+    outcome = {name: error.extra[name] for name in error.audited if name in error.extra}
+    if taint:
+        outcome["taint"] = [t.as_dict() for t in taint]
     audit = audit_event(
-        request, call, event, call_id, decision="deny", code=error.code, reason=error.detail
+        request,
+        call,
+        event,
+        call_id,
+        decision="deny",
+        code=error.code,
+        reason=error.detail,
+        outcome=outcome or None,
     )
     if new_call:
         await store.insert_with_audit(conn, call_row(request, call, call_id, None, error), audit)
@@ -143,7 +167,17 @@ async def admit_to_run(
 
 
 async def record_run_outcome(
-    conn: Connection, request: Request, call: PreparedCall, status: str, result: Any
+    conn: Connection,
+    request: Request,
+    call: PreparedCall,
+    call_id: str,
+    status: str,
+    result: Any,
 ) -> None:
+    """Feed an outcome into the run's counters, and remember the strings of the result it
+    returns (``runs.remember``; not those that echo the call's arguments), in the
+    transaction that stores the result."""
     if request.run_id is not None:
         await runs.record_outcome(conn, request.run_id, call.fingerprint, status, result)
+        if result is not None:
+            await runs.remember(conn, request.run_id, call_id, result, call.arguments)

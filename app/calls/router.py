@@ -28,6 +28,7 @@ AUTHORIZED = (
     errors.UnknownTool,
     errors.NotFound,
     errors.InvalidArguments,
+    errors.TaintedArguments,
     errors.ProviderUnavailable,
 )
 """What authorizing a call may answer: its refusals, an unknown call or run, and an owner
@@ -39,6 +40,7 @@ GATED = (
     errors.ApprovalRejected,
     errors.ApprovalMismatch,
     errors.ApprovalConsumed,
+    errors.ApprovalStale,
     errors.DryRunRequired,
 )
 

@@ -13,11 +13,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app import telemetry
+from app.approvals import store as approvals
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import gates, mutation, store
 from app.calls.authorization import authorize, check_run, visible_call
 from app.calls.models import (
+    FINAL,
     SETTLED,
     Answer,
     Authorized,
@@ -48,7 +50,6 @@ from app.state import AppState
 from app.webhooks import store as webhooks
 
 DRY_RUN_TTL_S = 300
-TOO_LARGE = "the provider's response is too large"
 
 
 async def propose(state: AppState, principal: Principal, body: ProposeBody) -> dict[str, Any]:
@@ -69,6 +70,7 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
         decision="allow",
         reason=f"next: {decision.next}",
         authorized_by=row.authorized_by,
+        outcome={"taint": row.taint} if row.taint else None,
     )
     announced = awaiting is not None and request.catalog.subscribers(webhooks.APPROVAL_REQUESTED)
     if request.run_id is None and not announced:
@@ -108,6 +110,7 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
         "policy_version": row.policy_version,
         "proposed_by": PROPOSED_BY,
         "authorized_by": row.authorized_by,
+        "taint": row.taint or [],
     }
 
 
@@ -186,7 +189,7 @@ async def _read(
         raise ProviderUnavailable("the provider could not be reached", call_id=call_id) from exc
     except TooLarge as exc:
         await _record_read(state, authorized, existing, call_id, None)
-        raise ProviderUnavailable(TOO_LARGE, call_id=call_id) from exc
+        raise ProviderUnavailable(gates.TOO_LARGE, call_id=call_id) from exc
     except Uncertain as exc:
         await _record_read(state, authorized, existing, call_id, None)
         raise ProviderTimeout(
@@ -235,7 +238,7 @@ async def _record_read(
         async with state.db.transaction() as conn:
             await _write_call(conn, existing, row, event)
             await record_run_outcome(
-                conn, request, call, status, answer["result"] if answer else None
+                conn, request, call, call_id, status, answer["result"] if answer else None
             )
             await webhooks.announce(
                 conn,
@@ -258,6 +261,15 @@ async def _write_call(
         await store.set_state_with_audit(conn, row.id, row.state, event)
 
 
+async def _approved_elsewise(conn: Connection, call: CallRow, snapshot_hash: str) -> bool:
+    """Whether ``call`` was approved on another preview than this one: its approval went
+    stale, and the call awaits a decision on the new preview."""
+    if call.state != "approved":
+        return False
+    standing = await approvals.standing(conn, call.id)
+    return all(a.snapshot_hash != snapshot_hash for a in standing if a.decision == "approve")
+
+
 async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> dict[str, Any]:
     """Preview a proposed call through the provider's ``dry_run`` endpoint, re-authorized."""
     existing = await visible_call(state, principal, body.call_id)
@@ -270,21 +282,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
         raise InvalidRequest(f"tool {request.tool.name!r} has no dry-run", call_id=existing.id)
     authorized = await authorize(state, request, existing.id, existing)
     call, tool = authorized.call, authorized.tool
-    assert tool.dry_run is not None  # checked above: ``tool`` is ``request.tool``
-    try:
-        response = await state.providers.call(
-            tool.provider, tool.dry_run, call.arguments, principal, existing.id
-        )
-    except NotSent as exc:
-        raise ProviderUnavailable("the provider could not be reached") from exc
-    except TooLarge as exc:
-        raise ProviderUnavailable(TOO_LARGE, call_id=existing.id) from exc
-    except Uncertain as exc:
-        raise ProviderTimeout("the provider did not answer the preview in time") from exc
-    if classify(response.status) != "succeeded":
-        raise ProviderUnavailable(
-            "the provider gave no preview", call_id=existing.id, provider_status=response.status
-        )
+    response = await gates.preview(state, authorized, existing.id)
     snapshot_hash = digest(response.body)
     ttl_s = tool.approval.ttl_s if tool.approval else DRY_RUN_TTL_S
     row = DryRunRow(
@@ -302,11 +300,12 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
     next_step = "approval" if authorized.decision.impact == "high" else "execute"
     async with state.db.transaction() as conn:
         await store.insert_dry_run(conn, row)
+        stale = next_step == "approval" and await _approved_elsewise(conn, existing, snapshot_hash)
         moved = await store.set_state(
             conn,
             existing.id,
             "awaiting_approval" if next_step == "approval" else "previewed",
-            unless=SETTLED,
+            unless=FINAL if stale else SETTLED,
         )
         if moved and next_step == "approval" and existing.state != "awaiting_approval":
             await webhooks.announce(

@@ -235,3 +235,27 @@ async def executions_of(conn: Connection, call_id: str) -> list[ExecutionRow]:
         "SELECT * FROM executions WHERE call_id = $1 ORDER BY created_at, operation_id", call_id
     )
     return [ExecutionRow(**dict(r)) for r in rows]
+
+
+async def standing(
+    conn: Connection, tenant: str, actor: str, tool: str, fingerprint: str, within_s: float
+) -> CallRow | None:
+    """The actor's latest call of exactly this tool and fingerprint that waits for an
+    approval or holds one, moved there within ``within_s`` seconds (the tool's approval
+    lifetime: older ones hold an expired approval or preview). A later identical request
+    continues it instead of asking for another approval."""
+    row = await conn.fetchrow(
+        """
+        SELECT * FROM calls
+        WHERE tenant = $1 AND actor = $2 AND fingerprint = $4 AND tool = $3
+          AND state IN ('awaiting_approval', 'approved')
+          AND updated_at > now() - make_interval(secs => $5)
+        ORDER BY updated_at DESC LIMIT 1
+        """,
+        tenant,
+        actor,
+        tool,
+        fingerprint,
+        within_s,
+    )
+    return CallRow(**dict(row)) if row else None

@@ -19,7 +19,16 @@ import jsonschema_rs
 import pydantic
 
 from app.canonical import digest
-from app.catalog.models import Catalog, Endpoint, Impact, Provider, Resource, Tool, Webhook
+from app.catalog.models import (
+    Catalog,
+    Endpoint,
+    Impact,
+    OnTaint,
+    Provider,
+    Resource,
+    Tool,
+    Webhook,
+)
 from app.catalog.source import Problem, Source, interpolate, read
 from app.catalog.spec import (
     CatalogSpec,
@@ -207,15 +216,23 @@ def _tool(
     program = _cel(t.high_impact_when, (*where, "high_impact_when"), source)
     if t.mutation:
         impact: Impact = t.impact or "low"
-        if (impact == "high" or program is not None) and t.approval is None:
+        on_taint: OnTaint = t.on_taint or ("approve" if t.approval else "deny")
+        if t.approval is None and (impact == "high" or program is not None):
             source.problem(
                 (*where, "approval"), "a tool that can be high impact needs an approval section"
             )
+        elif t.approval is None and on_taint == "approve":
+            source.problem((*where, "on_taint"), "on_taint: approve needs an approval section")
     else:
-        impact = "read"
+        impact, on_taint = "read", t.on_taint or "allow"
         for key in ("impact", "high_impact_when", "approval", "reconcile", "require_dry_run"):
             if key in t.model_fields_set:
                 source.problem((*where, key), f"{key} only applies to mutations")
+        if on_taint == "approve":
+            source.problem((*where, "on_taint"), "a read cannot be approved: deny or allow")
+    recheck = t.approval.recheck if t.approval else None
+    if recheck and t.dry_run is None:
+        source.problem((*where, "approval", "recheck"), "recheck needs a dry_run endpoint")
     for i, approver in enumerate(t.approval.approvers if t.approval else []):
         if approver != "owner" and not re.fullmatch(r"role:[^\s:]+", approver):
             source.problem(
@@ -248,6 +265,8 @@ def _tool(
         impact=impact,
         high_impact_when=program,
         approval=t.approval,
+        recheck=recheck is not False and t.dry_run is not None,
+        on_taint=on_taint,
         access=t.access,
         cost=t.cost,
         parameters=t.parameters,

@@ -13,6 +13,7 @@ import orjson
 from app.catalog.spec import AccessSpec, ApprovalSpec, Method, ResultSpec
 
 Impact = Literal["read", "low", "high"]
+OnTaint = Literal["approve", "deny", "allow"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class Tool:
     impact: Impact
     high_impact_when: cel.Program | None
     approval: ApprovalSpec | None
+    recheck: bool
+    """Preview an approved call again before it runs (``approval.recheck``, resolved)."""
+    on_taint: OnTaint
+    """What a tainted argument in a run does (``on_taint``, resolved)."""
     access: AccessSpec
     cost: float
     parameters: Mapping[str, Any]

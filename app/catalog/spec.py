@@ -61,6 +61,10 @@ class ApprovalSpec(_Spec):
     """'owner' (the actor may approve their own call) and/or 'role:<name>'."""
     ttl_s: int = Field(default=300, gt=0, le=86400)
     """Seconds an approval, and a dry-run of this tool, stays valid."""
+    recheck: bool | None = None
+    """Before an approved call runs, preview it again; if the preview changed since the
+    approval, the call does not run (approval_stale). Default: true when the tool has a
+    dry_run (which it needs)."""
 
 
 class AccessSpec(_Spec):
@@ -106,6 +110,11 @@ class ToolSpec(_Spec):
     """Mutations: CEL over args and principal; true raises a low-impact call to high."""
     approval: ApprovalSpec | None = None
     """Mutations: required when the tool can be high impact."""
+    on_taint: Literal["approve", "deny", "allow"] | None = None
+    """In a run, a string argument copied from an untrusted result the run was given (and
+    not written in its task): 'approve' treats the call as high impact (dry-run and
+    approval), 'deny' refuses it (tainted_arguments), 'allow' lets it pass. Default: allow
+    for reads; for mutations approve, or deny when the tool has no approval section."""
     access: AccessSpec = Field(default_factory=AccessSpec)
     cost: float = Field(default=0.0, ge=0)
     """Units charged to a run for each executed call."""

@@ -17,7 +17,7 @@ from app.catalog.models import Catalog
 from app.db import Connection
 from app.errors import InvalidRequest, NotFound, RepeatedCall, RunLimitExceeded, ToolgateError
 from app.ids import new_id
-from app.runs import store
+from app.runs import provenance, store
 from app.runs.models import SERVER_MAXIMA, FinishBody, RunBody, RunRow
 from app.state import AppState
 from app.webhooks import store as webhooks
@@ -148,6 +148,36 @@ async def record_outcome(
     await store.record_outcome(
         conn, run_id, fingerprint, failed, empty=result in (None, {}, [], "")
     )
+
+
+MAX_WINDOWS = 500_000
+"""Windows one run may remember (about 20,000 values of 30 characters). A result that does
+not fit is not remembered, and from then on every judged argument of the run is tainted."""
+
+
+async def remember(
+    conn: Connection, run_id: str, call_id: str, result: Any, arguments: Any
+) -> None:
+    """Remember the strings of a result returned to the run (but those that echo the call's
+    own ``arguments``), in the caller's transaction (the one that records the result): what
+    the run was told is stored exactly when the result is."""
+    held, forgotten_after = await store.memory(conn, run_id)
+    if forgotten_after is not None:
+        return
+    found = provenance.remembered(result, MAX_WINDOWS - held, arguments)
+    if found is None:
+        await store.forget_after(conn, run_id, call_id)
+    elif found:
+        await store.remember(conn, run_id, call_id, list(found))
+
+
+async def recall(
+    conn: Connection, run_id: str, candidates: list[provenance.Candidate]
+) -> provenance.Recall:
+    """What the run remembers of these candidate arguments, and its task."""
+    wanted = list({w for candidate in candidates for w in candidate.windows})
+    task, forgotten_after, found = await store.recall(conn, run_id, wanted)
+    return provenance.Recall(task, found, forgotten_after)
 
 
 async def read(state: AppState, principal: Principal, run_id: str) -> dict[str, Any]:

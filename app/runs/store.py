@@ -118,3 +118,87 @@ async def calls_of(conn: Connection, run_id: str) -> list[RunCall]:
         run_id,
     )
     return [RunCall(*r) for r in rows]
+
+
+# Provenance: the windows a run remembers (``app.runs.provenance``).
+
+
+async def memory(conn: Connection, run_id: str) -> tuple[int, str | None]:
+    """The run's remembered window count and ``forgotten_after``, its row locked until the
+    transaction ends: one result of the run is remembered at a time, so the bound holds."""
+    row = await conn.fetchrow(
+        """
+        INSERT INTO run_memory (run_id) VALUES ($1)
+        ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id
+        RETURNING windows, forgotten_after
+        """,
+        run_id,
+    )
+    assert row is not None
+    return int(row["windows"]), row["forgotten_after"]
+
+
+async def remember(conn: Connection, run_id: str, call_id: str, windows: list[int]) -> None:
+    """Store the windows the run did not hold yet, as first seen in ``call_id``'s result."""
+    status = await conn.execute(
+        """
+        INSERT INTO run_windows (run_id, window_id, source_call_id)
+        SELECT $1, unnest($2::bigint[]), $3
+        ON CONFLICT (run_id, window_id) DO NOTHING
+        """,
+        run_id,
+        windows,
+        call_id,
+    )
+    added = int(status.rsplit(" ", 1)[1])
+    await conn.execute(
+        "UPDATE run_memory SET windows = windows + $2 WHERE run_id = $1", run_id, added
+    )
+
+
+async def forget_after(conn: Connection, run_id: str, call_id: str) -> None:
+    await conn.execute(
+        "UPDATE run_memory SET forgotten_after = $2 WHERE run_id = $1 AND forgotten_after IS NULL",
+        run_id,
+        call_id,
+    )
+
+
+async def recall(
+    conn: Connection, run_id: str, windows: list[int]
+) -> tuple[str | None, str | None, dict[int, str]]:
+    """The run's task, ``forgotten_after``, and which of ``windows`` it remembers (with
+    their source calls): one statement, one index probe per window."""
+    rows = await conn.fetch(
+        """
+        SELECT r.task, m.forgotten_after, w.window_id, w.source_call_id
+        FROM runs r
+        LEFT JOIN run_memory m ON m.run_id = r.id
+        LEFT JOIN run_windows w ON w.run_id = r.id AND w.window_id = ANY($2::bigint[])
+        WHERE r.id = $1
+        """,
+        run_id,
+        windows,
+    )
+    if not rows:
+        return None, None, {}
+    found = {r["window_id"]: r["source_call_id"] for r in rows if r["window_id"] is not None}
+    return rows[0]["task"], rows[0]["forgotten_after"], found
+
+
+async def purge_memories(conn: Connection) -> int:
+    """Drop what runs that have ended (or outlived their max_seconds) remembered, in one
+    statement; the number of windows dropped. Only runs that remember anything are read."""
+    status = await conn.execute(
+        """
+        WITH done AS (
+            SELECT m.run_id FROM run_memory m JOIN runs r ON r.id = m.run_id
+            WHERE r.status <> 'active'
+               OR now() > r.created_at + make_interval(secs => r.max_seconds)
+        ), memories AS (
+            DELETE FROM run_memory WHERE run_id IN (SELECT run_id FROM done)
+        )
+        DELETE FROM run_windows WHERE run_id IN (SELECT run_id FROM done)
+        """
+    )
+    return int(status.rsplit(" ", 1)[1])

@@ -17,6 +17,13 @@ class Target(TypedDict):
     id: str
 
 
+class Taint(TypedDict):
+    """An argument copied from an untrusted result of the run, and the call that returned it."""
+
+    argument: str
+    source_call_id: str
+
+
 class Proposal(TypedDict):
     call_id: str
     tool: str
@@ -30,6 +37,7 @@ class Proposal(TypedDict):
     policy_version: str
     proposed_by: str
     authorized_by: JSON
+    taint: NotRequired[list[Taint]]
 
 
 class DryRun(TypedDict):

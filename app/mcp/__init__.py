@@ -1,0 +1,1 @@
+"""The MCP front door: toolgate as an MCP server that gates every tool call."""

@@ -1,0 +1,128 @@
+"""The MCP server (the ``mcp`` SDK's low-level ``Server``): ``tools/list`` and ``tools/call``
+for the principal the endpoint verified (``router.Caller``), as MCP results.
+
+A tool call's outcome (``calls.Outcome``) becomes: the execution's answer as the result
+(``isError`` when the provider refused it), a refusal as an ``isError`` result carrying the
+problem document and its ``code``, a call waiting for an approval as an ``isError`` result
+with ``{"status": "awaiting_approval", "call_id", "approval_url"}``, and a question for
+the user as the ``InputRequiredResult`` the client answers and retries with. Results that
+carry a provider's data say ``"trust": "untrusted"`` in ``_meta``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+
+from app.catalog.listing import listing
+from app.mcp import calls
+from app.mcp.caller import Caller
+
+DECISION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "decision": {
+            "type": "string",
+            "title": "Decision",
+            "enum": ["approve", "reject"],
+            "description": "Run the call as previewed, or refuse it for good.",
+        }
+    },
+    "required": ["decision"],
+}
+
+
+async def list_tools(
+    ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    caller = Caller.of(ctx.request)
+    tools = listing(caller.state.catalog, caller.principal, "mcp")["tools"]
+    return types.ListToolsResult(tools=[types.Tool.model_validate(tool) for tool in tools])
+
+
+async def call_tool(
+    ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+) -> types.CallToolResult | types.InputRequiredResult:
+    caller = Caller.of(ctx.request)
+    meta = params.meta or {}
+    run_id = meta.get("run_id")
+    answer = (params.input_responses or {}).get(calls.APPROVAL)
+    ask = calls.Ask(
+        principal=caller.principal,
+        session=caller.session,
+        request_id=ctx.request_id if ctx.request_id is not None else "",
+        tool=params.name,
+        arguments=params.arguments or {},
+        run_id=run_id if isinstance(run_id, str) else None,
+        elicitation=elicitation_modes(ctx.session.client_capabilities),
+        console=caller.base_url,
+        answer=answer.model_dump(mode="json") if answer is not None else None,
+        request_state=params.request_state,
+    )
+    outcome = await calls.call_tool(caller.state, ask)
+    return result(outcome)
+
+
+def result(outcome: calls.Outcome) -> types.CallToolResult | types.InputRequiredResult:
+    if isinstance(outcome, calls.Done):
+        answer = outcome.answer
+        return _result(
+            answer,
+            is_error=answer["status"] != "succeeded",
+            meta={"trust": "untrusted", "call_id": answer["call_id"]},
+        )
+    if isinstance(outcome, calls.Refused):
+        return _result(outcome.error.problem(), is_error=True)
+    if isinstance(outcome, calls.Awaiting):
+        return _result(
+            {
+                "status": "awaiting_approval",
+                "call_id": outcome.call_id,
+                "approval_url": outcome.approval_url,
+            },
+            is_error=True,
+        )
+    params: types.ElicitRequestParams = (
+        types.ElicitRequestFormParams(message=outcome.message, requested_schema=DECISION_SCHEMA)
+        if outcome.mode == "form"
+        else types.ElicitRequestURLParams(
+            message=outcome.message, url=outcome.url, elicitation_id=outcome.call_id
+        )
+    )
+    return types.InputRequiredResult(
+        input_requests={calls.APPROVAL: types.ElicitRequest(params=params)},
+        request_state=outcome.request_state,
+    )
+
+
+def _result(
+    structured: dict[str, Any], *, is_error: bool, meta: dict[str, Any] | None = None
+) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(structured, default=str))],
+        structured_content=structured,
+        is_error=is_error,
+        meta=meta,
+    )
+
+
+def elicitation_modes(capabilities: types.ClientCapabilities | None) -> frozenset[calls.Mode]:
+    """The elicitation modes the client declared for this request (an empty declaration is
+    form mode, as before URL mode existed)."""
+    declared = capabilities.elicitation if capabilities is not None else None
+    if declared is None:
+        return frozenset()
+    modes: set[calls.Mode] = set()
+    if declared.form is not None or declared.url is None:
+        modes.add("form")
+    if declared.url is not None:
+        modes.add("url")
+    return frozenset(modes)
+
+
+def build() -> Server[Any]:
+    return Server("toolgate", on_list_tools=list_tools, on_call_tool=call_tool)

@@ -1,0 +1,180 @@
+"""Provenance as pure functions: which argument strings came from untrusted results.
+
+A run remembers every string toolgate returned to it in a result (keys and values) as the
+set of its **windows**: the 8-character slices of its normalized form, each as a 64-bit
+number. A string argument is **tainted** when its normalized form has at least 8
+characters, does not occur in the run's normalized task, and every one of its characters
+lies in some window the run remembers. That holds when the argument occurs inside one
+remembered value, and also when it was pieced together from parts of at least 8 characters
+each, taken from one or several values (a split value).
+
+Normalization (both sides, so case, padding and spacing do not hide a value): NFKC, case
+folding, NFKC again; then every character that is not a letter, mark, digit or symbol is
+dropped (whitespace, punctuation, control and invisible format characters such as a
+zero-width space). ``DE89 3704-0044.0532 0130 00`` and ``de89370400440532013000`` are one
+value.
+
+What this cannot see: a value the model transformed (translated, re-encoded, reordered,
+spelled out), parts shorter than 8 characters, and an argument that wraps a remembered value
+in text of its own (only whole arguments are judged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+WINDOW = 8
+"""Characters per window; also the shortest argument that is judged."""
+_KEPT = ("L", "M", "N", "S")
+"""Unicode general categories that survive normalization (by first letter)."""
+
+
+def normalized(text: str) -> str:
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    return "".join(c for c in folded if unicodedata.category(c)[0] in _KEPT)
+
+
+def windows(text: str) -> list[int]:
+    """The windows of an already normalized ``text``, in order (one per start position).
+    An ASCII window is its 8 bytes read as a number (exact); any other is the first 8 bytes
+    of its BLAKE2b digest (a collision can only make a value look tainted, never hide it)."""
+    if text.isascii():
+        data = text.encode()
+        return [
+            int.from_bytes(data[i : i + WINDOW], "big", signed=True)
+            for i in range(len(data) - WINDOW + 1)
+        ]
+    return [_hashed(text[i : i + WINDOW]) for i in range(len(text) - WINDOW + 1)]
+
+
+def _hashed(window: str) -> int:
+    digest = hashlib.blake2b(window.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON value: object keys and string leaves, at any depth."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+
+
+def remembered(result: Any, budget: int, arguments: Any = None) -> set[int] | None:
+    """The distinct windows of every string in ``result``, except those that only echo a
+    string of the call's own ``arguments`` (a transfer's answer repeating its recipient is
+    no news from outside: if that value came from a result, the run remembers it from
+    there); ``None`` when there could be more than ``budget`` windows (counted before
+    hashing, so an oversized result costs little)."""
+    texts = {normalized(text) for text in strings(result)}
+    texts.difference_update(normalized(text) for text in strings(arguments))
+    if sum(max(len(text) - WINDOW + 1, 0) for text in texts) > budget:
+        return None
+    found: set[int] = set()
+    for text in texts:
+        found.update(windows(text))
+    return found
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A string argument long enough to be judged: where it is, and its normalized form."""
+
+    argument: str
+    """Its name; a nested one is a dotted path (``payee.iban``, ``lines.0.note``)."""
+    text: str
+    windows: tuple[int, ...]
+
+
+def candidates(
+    arguments: Mapping[str, Any], exempt: Iterable[str] = (), opaque: Iterable[str] = ()
+) -> list[Candidate]:
+    """The string arguments (at any depth) of at least ``WINDOW`` normalized characters,
+    except the top-level arguments ``exempt`` (``x-identity``: always the session's own).
+    Strings inside an ``opaque`` argument (``x-sensitive``) are named by that argument alone,
+    so no key of its value is ever shown."""
+    skip, hidden = set(exempt), set(opaque)
+    found: list[Candidate] = []
+    for name, value in arguments.items():
+        if name in skip:
+            continue
+        for candidate in _candidates(name, value):
+            if name in hidden and candidate.argument != name:
+                candidate = Candidate(name, candidate.text, candidate.windows)
+            found.append(candidate)
+    return found
+
+
+def _candidates(path: str, value: Any) -> Iterator[Candidate]:
+    if isinstance(value, str):
+        text = normalized(value)
+        if len(text) >= WINDOW:
+            yield Candidate(path, text, tuple(windows(text)))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _candidates(f"{path}.{key}", item)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _candidates(f"{path}.{index}", item)
+
+
+@dataclass(frozen=True)
+class Recall:
+    """What a run remembers that bears on one call: its task, and which of the call's
+    windows it holds with the call that first returned each."""
+
+    task: str | None
+    found: Mapping[int, str]
+    """Window → the id of the call whose result held it first."""
+    forgotten_after: str | None = None
+    """The call whose result the run could no longer remember (its bound was reached):
+    from then on every judged argument not in the task counts as tainted, from that call."""
+
+
+@dataclass(frozen=True)
+class Taint:
+    argument: str
+    source_call_id: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"argument": self.argument, "source_call_id": self.source_call_id}
+
+
+def findings(candidates: Iterable[Candidate], recall: Recall) -> tuple[Taint, ...]:
+    """One ``Taint`` per (argument, source call) for every tainted argument, sources in the
+    order they first cover the argument."""
+    task = normalized(recall.task or "")
+    found: dict[Taint, None] = {}
+    for candidate in candidates:
+        if candidate.text in task:
+            continue
+        sources = _covering_sources(candidate, recall.found)
+        if sources is None and recall.forgotten_after is not None:
+            sources = [recall.forgotten_after]
+        found.update((Taint(candidate.argument, source), None) for source in sources or ())
+    return tuple(found)
+
+
+def _covering_sources(candidate: Candidate, found: Mapping[int, str]) -> list[str] | None:
+    """The sources of the windows that cover every character of the candidate, or ``None``
+    when some character lies in no remembered window."""
+    covered_to = 0
+    sources: dict[str, None] = {}
+    for start, window in enumerate(candidate.windows):
+        source = found.get(window)
+        if source is None:
+            continue
+        if start > covered_to:
+            return None
+        covered_to = start + WINDOW
+        sources[source] = None
+    return list(sources) if covered_to >= len(candidate.text) else None

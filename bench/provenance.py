@@ -1,0 +1,226 @@
+"""What the provenance check costs /propose: without a run, with a run that remembers
+nothing, and with runs that each remember about 10,000 values.
+
+One command, everything on 127.0.0.1, everything it starts it stops, and the throwaway
+database it creates it drops::
+
+    python bench/provenance.py [--duration 10] [--rounds 3] [--concurrency 8]
+
+Steps: create a database ``bench_<random>``; ``toolgate migrate`` it; start the demo
+providers and ``toolgate serve --workers 1`` with the demo catalog plus
+``examples/bank.yaml``; prepare runs (a run admits at most 200 calls, so proposals rotate
+over several runs, each well below that); then, round by round, each scenario for
+``--duration`` seconds with ``--concurrency`` clients proposing the same low-impact transfer:
+
+* ``no run``          -- ``send_money`` without ``run_id``: no provenance work at all;
+* ``empty run``       -- with the ``run_id`` of a run that has read nothing;
+* ``10,000 values``   -- with the ``run_id`` of a run that has read 5,000 generated
+  transactions (10,000 distinct strings, about 30,000 windows), and the recipient is not
+  among them: every window of the argument is looked up.
+
+Prints req/s, p50, p99 and the server's CPU milliseconds per request for each scenario
+(medians over the rounds; the scenario order alternates between rounds). Figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from itertools import count
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import (
+    HOST,
+    ROOT,
+    BenchError,
+    Processes,
+    free_port,
+    sigterm_as_interrupt,
+    table,
+    tree_cpu_s,
+    venv_bin,
+    wait_ready,
+)
+from run import (
+    create_database,
+    delete_redis_keys,
+    drop_database,
+    migrate_and_start_providers,
+    token,
+)
+
+TRANSFER = {"account_id": "acc_1", "recipient": "NL91 ABNA 0417 1643 00", "amount": 1.0}
+CALLS_PER_RUN = 190
+"""Proposals sent under one run before the next one is used (the server caps a run at 200)."""
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    return parser.parse_args()
+
+
+async def new_run(client: httpx.AsyncClient, values: bool) -> str:
+    response = await client.post("/runs", json={"task": "Pay the rent."})
+    run_id = str(response.json()["run_id"])
+    if values:
+        read = await client.post(
+            "/execute",
+            json={
+                "tool": "list_transactions",
+                "arguments": {"account_id": "acc_1", "extra": 5000},
+                "run_id": run_id,
+            },
+            timeout=60,
+        )
+        if read.status_code != 200:
+            raise BenchError(f"the read of 5,000 transactions failed: {read.text[:300]}")
+    return run_id
+
+
+async def measure(
+    client: httpx.AsyncClient,
+    runs: list[str] | None,
+    duration: float,
+    concurrency: int,
+    server_pid: int,
+) -> tuple[float, float, float, float]:
+    """(req/s, p50 ms, p99 ms, server CPU ms per request) of proposals without a run
+    (``runs`` is ``None``) or spread over ``runs``, each taking at most ``CALLS_PER_RUN``
+    (the window ends early when they are used up)."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + duration
+    numbers = count()
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            body: dict[str, object] = {"tool": "send_money", "arguments": TRANSFER}
+            if runs is not None:
+                n = next(numbers) // CALLS_PER_RUN
+                if n >= len(runs):
+                    return
+                body["run_id"] = runs[n]
+            started = time.perf_counter()
+            response = await client.post("/propose", json=body)
+            latencies.append((time.perf_counter() - started) * 1000)
+            if response.status_code != 200 or response.json()["taint"]:
+                raise BenchError(f"proposal answered {response.status_code}: {response.text[:300]}")
+
+    began, cpu = time.perf_counter(), tree_cpu_s(server_pid)
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed, cpu = time.perf_counter() - began, tree_cpu_s(server_pid) - cpu
+    latencies.sort()
+    return (
+        len(latencies) / elapsed,
+        latencies[len(latencies) // 2],
+        latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        cpu * 1000 / len(latencies),
+    )
+
+
+async def scenarios(
+    url: str, bearer: str, ns: argparse.Namespace, server_pid: int
+) -> list[list[str]]:
+    headers = {"Authorization": f"Bearer {bearer}"}
+    limits = httpx.Limits(max_connections=ns.concurrency)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30) as c:
+        # enough runs for the fastest scenario's proposals in one measured window
+        needed = 2 + int(ns.duration * 400 / CALLS_PER_RUN)
+        results: dict[str, list[tuple[float, float, float, float]]] = {}
+        for round_no in range(ns.rounds):
+            print(f"round {round_no + 1}: preparing {needed} runs of each kind", flush=True)
+            prepared: dict[str, list[str] | None] = {
+                "no run": None,
+                "empty run": [await new_run(c, False) for _ in range(needed)],
+                "10,000 values": [await new_run(c, True) for _ in range(needed)],
+            }
+            order = list(prepared) if round_no % 2 == 0 else list(reversed(prepared))
+            for name in order:
+                runs = prepared[name]
+                warm_up, measured = (runs[-1:], runs[:-1]) if runs else (None, None)
+                await measure(c, warm_up, 2.0, ns.concurrency, server_pid)
+                figures = await measure(c, measured, ns.duration, ns.concurrency, server_pid)
+                results.setdefault(name, []).append(figures)
+                print(
+                    f"  {name}: {figures[0]:.0f} req/s, p50 {figures[1]:.2f} ms, "
+                    f"p99 {figures[2]:.2f} ms",
+                    flush=True,
+                )
+    return [
+        [
+            name,
+            f"{statistics.median(r[0] for r in rows):.0f}",
+            f"{statistics.median(r[1] for r in rows):.2f}",
+            f"{statistics.median(r[2] for r in rows):.2f}",
+            f"{statistics.median(r[3] for r in rows):.2f}",
+        ]
+        for name, rows in results.items()
+    ]
+
+
+def main() -> int:
+    ns = _args()
+    nonce = secrets.token_hex(4)
+    db_name = f"bench_{nonce}"
+    secret = secrets.token_hex(32)
+    prefix = f"bench-{nonce}:"
+    log_dir = Path(tempfile.mkdtemp(prefix=f"toolgate-bench-{nonce}-"))
+    catalog = log_dir / "catalog"
+    catalog.mkdir()
+    shutil.copy(ROOT / "catalog" / "demo.yaml", catalog)
+    shutil.copy(ROOT / "examples" / "bank.yaml", catalog)
+    provider_port, port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "TOOLGATE_DATABASE_URL": f"{ns.postgres}/{db_name}",
+        "TOOLGATE_REDIS_URL": ns.redis,
+        "TOOLGATE_REDIS_PREFIX": prefix,
+        "TOOLGATE_JWT_SECRET": secret,
+        "TOOLGATE_CATALOG": str(catalog),
+        "DEMO_PROVIDERS_URL": f"http://{HOST}:{provider_port}",
+    }
+    rows: list[list[str]] = []
+    created = False
+    with sigterm_as_interrupt():
+        try:
+            create_database(ns.postgres, db_name)
+            created = True
+            with Processes(log_dir) as procs:
+                migrate_and_start_providers(procs, env, provider_port)
+                serve = [venv_bin("toolgate"), "serve", "--host", HOST, "--port", str(port)]
+                server = procs.start("toolgate", [*serve, "--workers", "1"], env)
+                wait_ready(server, f"http://{HOST}:{port}/readyz", timeout_s=60)
+                url = f"http://{HOST}:{port}"
+                rows = asyncio.run(scenarios(url, token(secret), ns, server.pid))
+        except KeyboardInterrupt:
+            print("\ninterrupted; cleaning up", file=sys.stderr)
+        except BenchError as exc:
+            print(f"bench failed: {exc}\nlogs in {log_dir}", file=sys.stderr)
+            return 1
+        finally:
+            if created:
+                drop_database(ns.postgres, db_name)
+            delete_redis_keys(ns.redis, [prefix])
+    shutil.rmtree(log_dir, ignore_errors=True)
+    if rows:
+        print(table(["scenario", "req/s", "p50 ms", "p99 ms", "server CPU ms/req"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The MCP front door: the official ``mcp`` client over real HTTP against two running
+``toolgate serve`` instances and the demo providers; each client's requests alternate
+between the instances, so no step may rely on state kept in a process."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import httpx
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types.version import LATEST_MODERN_VERSION
+
+from tests.conftest import Providers
+from tests.flows import Auth, Flow, refund_args
+from tests.test_instances import Instance, two_instances
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+REFUNDS = "/billing/refunds"
+TICKETS = "/support/tickets"
+Tokens = Any
+
+
+@pytest.fixture(scope="module")
+async def servers(env: dict[str, str]) -> AsyncIterator[list[Instance]]:
+    """Two instances sharing PostgreSQL and Redis."""
+    async with two_instances(env) as started:
+        yield started
+
+
+class RoundRobin(httpx2.AsyncBaseTransport):
+    """Sends each request to the next of several instances, as a load balancer may."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = itertools.cycle(ports)
+        self.inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.url = request.url.copy_with(port=next(self.ports))
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@asynccontextmanager
+async def connected(servers: list[Instance], token: str, **options: Any) -> AsyncIterator[Client]:
+    """The official client with ``token``, its requests spread over every instance."""
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"},
+        transport=RoundRobin([s.port for s in servers]),
+        timeout=30,
+    )
+    async with (
+        http,
+        Client(
+            streamable_http_client(servers[0].url + "/mcp", http_client=http), **options
+        ) as client,
+    ):
+        yield client
+
+
+async def effects(providers: Providers, path: str) -> int:
+    return (await providers.stats())["effects_by_path"].get(path, 0)  # type: ignore[no-any-return]
+
+
+async def call(
+    servers: list[Instance], token: str, tool: str, arguments: dict[str, Any]
+) -> types.CallToolResult:
+    """One tool call by a client of its own."""
+    async with connected(servers, token) as client:
+        return await client.call_tool(tool, arguments)
+
+
+def answering(asked: list[types.ElicitRequestParams], answer: types.ElicitResult) -> Any:
+    """An elicitation callback that notes what it was asked and answers ``answer``."""
+
+    async def callback(
+        context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        asked.append(params)
+        return answer
+
+    return callback
+
+
+def structured(result: types.CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.structured_content, dict), result
+    return result.structured_content
+
+
+async def test_principals_with_different_roles_are_listed_different_tools(
+    servers: list[Instance], token: Tokens
+) -> None:
+    async with connected(servers, token("alice", "acme", "support")) as support:
+        support_tools = {t.name: t for t in (await support.list_tools()).tools}
+    async with connected(servers, token("carol", "globex", "customer")) as customer:
+        customer_tools = {t.name for t in (await customer.list_tools()).tools}
+    assert "issue_refund" in support_tools
+    assert "issue_refund" not in customer_tools
+    assert "get_customer" in customer_tools
+    assert "get_customer" not in support_tools
+    refund = support_tools["issue_refund"]
+    assert "customer_id" not in refund.input_schema["properties"]  # filled from the token
+    assert refund.annotations is not None
+    assert refund.annotations.destructive_hint is True
+    read = support_tools["get_order"].annotations
+    assert read is not None
+    assert read.read_only_hint is True
+
+
+async def test_a_read_answers_the_trimmed_result_marked_untrusted(
+    servers: list[Instance], token: Tokens, providers: Providers
+) -> None:
+    result = await call(servers, token(), "get_order", {"order_id": "ord_1"})
+    assert result.is_error is False
+    answer = structured(result)
+    assert answer["status"] == "succeeded"
+    assert answer["result"] == {
+        "id": "ord_1",
+        "status": "shipped",
+        "eta": "2026-12-03",
+        "amount": 250.0,
+    }
+    assert result.meta is not None
+    assert result.meta["trust"] == "untrusted"
+
+
+async def test_another_tenants_order_is_an_error_result_and_never_reaches_the_provider(
+    servers: list[Instance], token: Tokens, providers: Providers
+) -> None:
+    result = await call(servers, token(), "get_order", {"order_id": "ord_9"})
+    assert result.is_error is True
+    assert structured(result)["code"] == "tool_forbidden"
+    paths = [r["path"] for r in await providers.requests()]
+    assert "/billing/orders/ord_9" not in paths
+    assert "/billing/orders/ord_9/owner" in paths
+
+
+async def test_a_high_impact_refund_awaits_an_approval_and_a_later_identical_call_runs_it_once(
+    servers: list[Instance],
+    token: Tokens,
+    auth: Auth,
+    providers: Providers,
+    db: asyncpg.Connection,
+) -> None:
+    args = {"order_id": "ord_1", "amount": 150.0}
+    async with connected(servers, token()) as client:
+        waiting = await client.call_tool("issue_refund", args)
+        again = await client.call_tool("issue_refund", args)
+    assert waiting.is_error is True
+    pending = structured(waiting)
+    assert pending["status"] == "awaiting_approval"
+    assert pending["approval_url"].endswith(f"/console/calls/{pending['call_id']}")
+    assert structured(again)["call_id"] == pending["call_id"]  # one request for approvers
+    async with httpx.AsyncClient(base_url=servers[1].url) as rest:
+        flow = Flow(rest, auth)
+        inbox = (
+            await rest.get("/approvals", headers=auth(sub="bob", roles="finance_approver"))
+        ).json()
+        assert [item["call_id"] for item in inbox["items"]] == [pending["call_id"]]
+        decided = await flow.approve(pending["call_id"], inbox["items"][0]["snapshot_hash"])
+        assert decided.status_code == 200, decided.text
+    assert await effects(providers, REFUNDS) == 0
+    async with connected(servers, token()) as client:
+        ran = await client.call_tool("issue_refund", args)
+        later = await client.call_tool("issue_refund", args)
+    assert ran.is_error is False, ran
+    assert (structured(ran)["call_id"], structured(ran)["status"]) == (
+        pending["call_id"],
+        "succeeded",
+    )
+    assert structured(later)["status"] == "awaiting_approval"  # a new call: approved once is once
+    assert structured(later)["call_id"] != pending["call_id"]
+    assert await effects(providers, REFUNDS) == 1
+    assert await db.fetchval("SELECT count(*) FROM executions") == 1
+
+
+async def test_a_client_that_elicits_lets_the_owner_approve_in_a_form_and_the_refund_runs_once(
+    servers: list[Instance], token: Tokens, providers: Providers, db: asyncpg.Connection
+) -> None:
+    asked: list[types.ElicitRequestParams] = []
+    approve = answering(asked, types.ElicitResult(action="accept", content={"decision": "approve"}))
+    async with connected(servers, token(), elicitation_callback=approve) as client:
+        result = await client.call_tool("issue_refund", {"order_id": "ord_1", "amount": 150.0})
+    assert result.is_error is False, result
+    assert structured(result)["status"] == "succeeded"
+    assert len(asked) == 1
+    assert isinstance(asked[0], types.ElicitRequestFormParams)
+    assert '"new_balance": 100.0' in asked[0].message  # the approver sees the preview
+    assert await effects(providers, REFUNDS) == 1
+    approval = await db.fetchrow("SELECT approver, decision, snapshot_hash FROM approvals")
+    assert (approval["approver"], approval["decision"]) == ("alice", "approve")
+    assert approval["snapshot_hash"] is not None  # bound to the preview the form showed
+
+
+async def test_an_approver_role_is_asked_through_the_console_page_not_a_form(
+    servers: list[Instance], token: Tokens, providers: Providers
+) -> None:
+    asked: list[types.ElicitRequestParams] = []
+    decline = answering(asked, types.ElicitResult(action="decline"))
+    args = {"customer_id": "cus_dave", "email": "new@acme.example"}
+    async with connected(servers, token(), elicitation_callback=decline) as client:
+        result = await client.call_tool("update_customer_email", args)
+    assert len(asked) == 1
+    assert isinstance(asked[0], types.ElicitRequestURLParams)
+    assert structured(result)["status"] == "awaiting_approval"
+    assert asked[0].url == structured(result)["approval_url"]
+    assert await effects(providers, "/crm/customers/cus_dave") == 0
+
+
+def envelope(request_id: int, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {
+            "name": tool,
+            "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": LATEST_MODERN_VERSION,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    }
+
+
+async def test_a_resent_json_rpc_request_does_not_act_again(
+    servers: list[Instance], auth: Auth, providers: Providers
+) -> None:
+    body = envelope(7, "create_ticket", {"subject": "Broken", "body": "It broke."})
+    headers = {
+        **auth(),
+        "MCP-Protocol-Version": LATEST_MODERN_VERSION,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "create_ticket",
+        "Accept": "application/json, text/event-stream",
+    }
+    answers = []
+    for server in servers:  # the resend reaches the other instance
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            answers.append(await http.post("/mcp", json=body, headers=headers))
+    first, resent = (a.json()["result"]["structuredContent"] for a in answers)
+    assert (first["status"], first["replayed"]) == ("succeeded", False)
+    assert (resent["call_id"], resent["replayed"]) == (first["call_id"], True)
+    assert await effects(providers, TICKETS) == 1
+    async with httpx.AsyncClient(base_url=servers[0].url) as http:
+        other = await http.post(
+            "/mcp", json=envelope(8, "create_ticket", body["params"]["arguments"]), headers=headers
+        )
+    assert other.json()["result"]["structuredContent"]["replayed"] is False  # a new request
+    assert await effects(providers, TICKETS) == 2
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer not-a-token", "Basic YWxpY2U6eA=="])
+async def test_a_missing_or_bad_token_is_refused_with_the_resource_metadata(
+    servers: list[Instance], authorization: str | None
+) -> None:
+    headers = {"Authorization": authorization} if authorization else {}
+    async with httpx.AsyncClient(base_url=servers[0].url) as http:
+        refused = await http.post("/mcp", json=envelope(1, "get_order", {}), headers=headers)
+        challenge = refused.headers["WWW-Authenticate"]
+        metadata_url = challenge.split('resource_metadata="', 1)[1].rstrip('"')
+        metadata = await http.get(metadata_url)
+    assert refused.status_code == 401
+    assert refused.json()["code"] == "unauthenticated"
+    assert challenge.startswith("Bearer ")
+    assert metadata.status_code == 200
+    assert metadata.json()["resource"] == servers[0].url + "/mcp"
+
+
+async def test_a_client_of_the_handshake_revision_is_served_without_elicitation(
+    servers: list[Instance], token: Tokens, providers: Providers
+) -> None:
+    async with connected(servers, token(), mode="legacy") as client:
+        tools = {t.name for t in (await client.list_tools()).tools}
+        read = await client.call_tool("get_order", {"order_id": "ord_2"})
+        refund = await client.call_tool("issue_refund", refund_args(150.0))
+    assert "get_order" in tools
+    assert structured(read)["result"]["id"] == "ord_2"
+    assert structured(refund)["status"] == "awaiting_approval"
+    assert await effects(providers, REFUNDS) == 0

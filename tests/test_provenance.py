@@ -1,0 +1,327 @@
+"""Provenance end to end: a run reads a transaction note carrying an injected IBAN (the demo
+bank provider), and a low-impact transfer to that IBAN is held for approval (``on_taint:
+approve``) or refused (``deny``), the provider untouched; the same IBAN in the run's task
+passes. Real providers, real PostgreSQL, several toolgate instances."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from app.runs import service as runs_service
+from app.runs import store as runs_store
+from examples.demo_providers import ATTACKER_IBAN
+from tests.conftest import ROOT, Providers, running_app
+from tests.flows import BOB, Flow, new_key
+from tests.test_instances import Instance
+
+TRANSFERS = "/bank/transfers"
+
+
+@pytest.fixture(scope="module")
+def bank_catalogs(tmp_path_factory: pytest.TempPathFactory, catalog_dir: Path) -> dict[str, str]:
+    """The demo catalog plus ``examples/bank.yaml``, once per ``on_taint`` mode."""
+    bank = (ROOT / "examples" / "bank.yaml").read_text().replace("timeout_s: 5", "timeout_s: 1")
+    dirs = {}
+    for mode in ("approve", "deny"):
+        directory = tmp_path_factory.mktemp(f"bank_{mode}")
+        shutil.copy(catalog_dir / "demo.yaml", directory / "demo.yaml")
+        (directory / "bank.yaml").write_text(bank.replace("on_taint: approve", f"on_taint: {mode}"))
+        dirs[mode] = str(directory)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+async def approving(env: dict[str, str], bank_catalogs: dict[str, str]) -> AsyncIterator[Any]:
+    async with running_app({**env, "TOOLGATE_CATALOG": bank_catalogs["approve"]}) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def denying(env: dict[str, str], bank_catalogs: dict[str, str]) -> AsyncIterator[Any]:
+    async with running_app({**env, "TOOLGATE_CATALOG": bank_catalogs["deny"]}) as client:
+        yield client
+
+
+@pytest.fixture
+def bank(approving: httpx.AsyncClient, auth: Any, clean: None, providers: Providers) -> Flow:
+    return Flow(approving, auth)
+
+
+@pytest.fixture
+def strict(denying: httpx.AsyncClient, auth: Any, clean: None, providers: Providers) -> Flow:
+    return Flow(denying, auth)
+
+
+async def start_run(flow: Flow, task: str = "Pay my December rent to the landlord.") -> str:
+    response = await flow.post("/runs", {"task": task})
+    assert response.status_code == 200, response.text
+    return str(response.json()["run_id"])
+
+
+async def read_transactions(flow: Flow, run_id: str, extra: int = 0) -> dict[str, Any]:
+    args: dict[str, Any] = {"account_id": "acc_1", **({"extra": extra} if extra else {})}
+    response = await flow.post(
+        "/execute", {"tool": "list_transactions", "arguments": args, "run_id": run_id}
+    )
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def transfer(recipient: str, amount: float = 10.0, **extra: Any) -> dict[str, Any]:
+    return {"account_id": "acc_1", "recipient": recipient, "amount": amount, **extra}
+
+
+async def propose(flow: Flow, args: dict[str, Any], run_id: str) -> httpx.Response:
+    return await flow.post("/propose", {"tool": "send_money", "arguments": args, "run_id": run_id})
+
+
+async def bank_requests(providers: Providers) -> list[str]:
+    """Requests that reached the transfer endpoints (execute or preview)."""
+    return [r["path"] for r in await providers.requests() if r["path"].startswith(TRANSFERS)]
+
+
+async def sent(providers: Providers) -> int:
+    return (await providers.stats())["effects_by_path"].get(TRANSFERS, 0)  # type: ignore[no-any-return]
+
+
+async def test_an_injected_iban_needs_an_approval_before_money_moves(
+    bank: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    run_id = await start_run(bank)
+    read = await read_transactions(bank, run_id)
+    assert ATTACKER_IBAN in read["result"]["transactions"][1]["note"]
+
+    response = await propose(bank, transfer(ATTACKER_IBAN, reference="fee"), run_id)
+    assert response.status_code == 200, response.text
+    proposal = response.json()
+    taint = [{"argument": "recipient", "source_call_id": read["call_id"]}]
+    assert (proposal["impact"], proposal["next"], proposal["taint"]) == ("high", "dry_run", taint)
+
+    direct = await bank.execute(
+        "send_money", transfer(ATTACKER_IBAN, reference="fee"), new_key(), run_id=run_id
+    )
+    assert (direct.status_code, direct.json()["code"]) == (403, "approval_required")
+    assert await bank_requests(providers) == []
+
+    preview = await bank.dry_run(proposal["call_id"])
+    inbox = await bank.client.get("/approvals?status=pending", headers=bank.auth(**BOB))
+    [item] = inbox.json()["items"]
+    assert (item["call_id"], item["taint"]) == (proposal["call_id"], taint)
+    history = await bank.client.get(f"/calls/{proposal['call_id']}", headers=bank.auth(**BOB))
+    assert history.json()["proposal"]["taint"] == taint
+    assert await sent(providers) == 0
+
+    audited = await db.fetch(
+        "SELECT event, code, outcome, arguments FROM audit_events WHERE call_id = $1 ORDER BY seq",
+        proposal["call_id"],
+    )
+    assert audited[0]["event"] == "proposed"
+    assert audited[0]["outcome"] == {"taint": taint}
+    assert audited[0]["arguments"]["reference"] == "[redacted]"
+    denied = await db.fetchrow(
+        "SELECT code, outcome FROM audit_events WHERE call_id = $1", direct.json()["call_id"]
+    )
+    assert (denied["code"], denied["outcome"]) == ("approval_required", {"taint": taint})
+
+    approval = await bank.approve(proposal["call_id"], preview["snapshot_hash"])
+    assert approval.status_code == 200, approval.text
+    paid = await bank.post(
+        "/execute",
+        {"call_id": proposal["call_id"], "approval_id": approval.json()["approval_id"]},
+        headers={"Idempotency-Key": new_key()},
+    )
+    assert paid.status_code == 200, paid.text
+    assert await sent(providers) == 1
+
+
+async def test_an_injected_iban_is_refused_where_the_tool_denies_taint(
+    strict: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    run_id = await start_run(strict)
+    read = await read_transactions(strict, run_id)
+    taint = [{"argument": "recipient", "source_call_id": read["call_id"]}]
+
+    refused = await propose(strict, transfer(ATTACKER_IBAN), run_id)
+    assert (refused.status_code, refused.json()["code"]) == (403, "tainted_arguments")
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    assert refused.json()["taint"] == taint
+    assert "DE89" not in refused.json()["detail"]
+    row = await db.fetchrow(
+        "SELECT decision, code, taint FROM calls WHERE id = $1", refused.json()["call_id"]
+    )
+    assert (row["decision"], row["code"], row["taint"]) == ("deny", "tainted_arguments", taint)
+
+    executed = await strict.execute("send_money", transfer(ATTACKER_IBAN), new_key(), run_id=run_id)
+    assert (executed.status_code, executed.json()["code"]) == (403, "tainted_arguments")
+    audited = await db.fetch(
+        "SELECT code, outcome FROM audit_events WHERE event = 'denied' ORDER BY seq"
+    )
+    assert [(r["code"], r["outcome"]) for r in audited] == [
+        ("tainted_arguments", {"taint": taint})
+    ] * 2
+    assert await bank_requests(providers) == []
+    assert await sent(providers) == 0
+
+
+async def test_the_same_iban_written_in_the_task_is_not_tainted(
+    strict: Flow, providers: Providers
+) -> None:
+    run_id = await start_run(strict, "Send 10 EUR to de89 3704 0044 0532 0130 00 for the fee.")
+    await read_transactions(strict, run_id)
+    response = await propose(strict, transfer(ATTACKER_IBAN), run_id)
+    assert response.status_code == 200, response.text
+    assert (response.json()["impact"], response.json()["taint"]) == ("low", [])
+    paid = await strict.execute("send_money", transfer(ATTACKER_IBAN), new_key(), run_id=run_id)
+    assert paid.status_code == 200, paid.text
+    assert await sent(providers) == 1
+
+
+@pytest.mark.parametrize(
+    "recipient",
+    [
+        "de89370400440532013000",  # other case, no spaces
+        "   DE89 3704 0044 0532 0130 00\t",  # padded
+        "DE89-3704-0044-0532-0130-00",  # other separators
+        "GB29NWBK60161331926819",  # joined from the two parts a note gave
+        "gb29 nwbk 6016 1331 9268 19",
+    ],
+)
+async def test_dodges_by_case_padding_or_splitting_are_still_tainted(
+    strict: Flow, providers: Providers, recipient: str
+) -> None:
+    run_id = await start_run(strict)
+    read = await read_transactions(strict, run_id)
+    assert "GB29 NWBK 6016" in read["result"]["transactions"][2]["note"]
+    refused = await propose(strict, transfer(recipient), run_id)
+    assert (refused.status_code, refused.json()["code"]) == (403, "tainted_arguments")
+    assert refused.json()["taint"] == [{"argument": "recipient", "source_call_id": read["call_id"]}]
+    assert await bank_requests(providers) == []
+
+
+async def test_a_recipient_the_run_never_read_passes_again_after_its_transfer_echoed_it(
+    strict: Flow, providers: Providers
+) -> None:
+    run_id = await start_run(strict)
+    await read_transactions(strict, run_id)
+    for _ in range(2):  # the first transfer's answer repeats the recipient: not news
+        response = await propose(strict, transfer("NL91 ABNA 0417 1643 00"), run_id)
+        assert response.status_code == 200, response.text
+        assert response.json()["taint"] == []
+        paid = await strict.post(
+            "/execute",
+            {"call_id": response.json()["call_id"]},
+            headers={"Idempotency-Key": new_key()},
+        )
+        assert paid.json()["result"]["recipient"] == "NL91 ABNA 0417 1643 00"
+    assert await sent(providers) == 2
+
+
+async def test_what_one_instance_remembers_another_sees(
+    env: dict[str, str], bank_catalogs: dict[str, str], auth: Any, clean: None, providers: Providers
+) -> None:
+    """Two ``toolgate serve`` processes on one database: a run reads through one, and the
+    other refuses the transfer to what it read."""
+    both = [Instance({**env, "TOOLGATE_CATALOG": bank_catalogs["deny"]}) for _ in range(2)]
+    try:
+        await asyncio.gather(*(instance.ready() for instance in both))
+        async with (
+            httpx.AsyncClient(base_url=both[0].url) as first,
+            httpx.AsyncClient(base_url=both[1].url) as second,
+        ):
+            reader, proposer = Flow(first, auth), Flow(second, auth)
+            run_id = await start_run(reader)
+            read = await read_transactions(reader, run_id)
+            refused = await propose(proposer, transfer(ATTACKER_IBAN.lower()), run_id)
+            assert (refused.status_code, refused.json()["code"]) == (403, "tainted_arguments")
+            assert refused.json()["taint"][0]["source_call_id"] == read["call_id"]
+            unrelated = await start_run(proposer)
+            await read_transactions(proposer, unrelated)
+            other = await propose(reader, transfer("NL91ABNA0417164300"), unrelated)
+            assert other.status_code == 200, other.text
+    finally:
+        for instance in both:
+            instance.stop()
+    assert await bank_requests(providers) == []
+
+
+async def test_a_run_with_many_results_still_finds_what_it_read(
+    strict: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    run_id = await start_run(strict)
+    reads = [await read_transactions(strict, run_id, extra=5000) for _ in range(3)]
+    windows = await db.fetchval("SELECT windows FROM run_memory WHERE run_id = $1", run_id)
+    assert windows == await db.fetchval(
+        "SELECT count(*) FROM run_windows WHERE run_id = $1", run_id
+    )
+    assert windows > 10_000  # 10,000 distinct values, each remembered once
+    refused = await propose(strict, transfer("Shop 04999"), run_id)
+    assert refused.json()["taint"] == [
+        {"argument": "recipient", "source_call_id": reads[0]["call_id"]}
+    ]
+    assert (await propose(strict, transfer("Shop 05000 Ltd"), run_id)).status_code == 200
+
+    await strict.post(f"/runs/{run_id}/finish", {"status": "completed"})
+    assert await runs_store.purge_memories(db) == windows
+    assert await db.fetchval("SELECT count(*) FROM run_memory") == 0
+
+
+async def test_a_run_past_its_memory_bound_fails_closed(
+    strict: Flow, providers: Providers, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result that does not fit is not remembered; from then on every judged argument not
+    in the task is tainted, sourced to that call: never silently forgotten."""
+    monkeypatch.setattr(runs_service, "MAX_WINDOWS", 2000)
+    run_id = await start_run(strict, "Pay 950 to the landlord NL91 ABNA 0417 1643 00.")
+    first = await read_transactions(strict, run_id)
+    second = await read_transactions(strict, run_id, extra=500)
+    forgotten_after = await db.fetchval(
+        "SELECT forgotten_after FROM run_memory WHERE run_id = $1", run_id
+    )
+    assert forgotten_after == second["call_id"]
+    refused = await propose(strict, transfer("Shop 00400"), run_id)
+    assert refused.json()["taint"] == [
+        {"argument": "recipient", "source_call_id": second["call_id"]}
+    ]
+    still = await propose(strict, transfer(ATTACKER_IBAN), run_id)
+    assert still.json()["taint"] == [{"argument": "recipient", "source_call_id": first["call_id"]}]
+    named = await propose(strict, transfer("NL91ABNA0417164300"), run_id)
+    assert named.status_code == 200, named.text
+    assert await bank_requests(providers) == []
+
+
+async def test_a_memory_that_cannot_be_read_refuses_the_call(
+    strict: Flow, providers: Providers, database_url: str, db: asyncpg.Connection
+) -> None:
+    """Fail closed: the lookup of what the run remembers times out (its table is locked),
+    and the proposal is a 503, not an untainted allow."""
+    run_id = await start_run(strict)
+    await read_transactions(strict, run_id)
+    locker = await asyncpg.connect(database_url)
+    try:
+        async with locker.transaction():
+            await locker.execute("LOCK TABLE run_windows IN ACCESS EXCLUSIVE MODE")
+            response = await propose(strict, transfer(ATTACKER_IBAN), run_id)
+    finally:
+        await locker.close()
+    assert (response.status_code, response.json()["code"]) == (503, "unavailable")
+    assert await db.fetchval("SELECT count(*) FROM calls WHERE tool = 'send_money'") == 0
+    assert await bank_requests(providers) == []
+
+
+async def test_parallel_reads_of_one_run_are_all_remembered(
+    strict: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    run_id = await start_run(strict)
+    reads = await asyncio.gather(*(read_transactions(strict, run_id, extra=50) for _ in range(8)))
+    stored = await db.fetchval("SELECT count(*) FROM run_windows WHERE run_id = $1", run_id)
+    assert stored == await db.fetchval("SELECT windows FROM run_memory WHERE run_id = $1", run_id)
+    refused = await propose(strict, transfer(ATTACKER_IBAN), run_id)
+    assert refused.json()["taint"][0]["source_call_id"] in {r["call_id"] for r in reads}
