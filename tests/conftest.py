@@ -40,6 +40,7 @@ import pytest
 import redis.asyncio as redis
 import uvicorn
 from aiohttp import web
+from playwright.async_api import Browser, async_playwright
 
 from app.auth.tokens import mint
 from app.db import Database, migrate
@@ -274,6 +275,18 @@ async def base_url(app: Any) -> AsyncIterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     await task
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    """Headless Chromium: the system's ``chromium``, driven by Playwright (nothing is
+    downloaded)."""
+    executable = shutil.which("chromium")
+    assert executable is not None, "install chromium (apt-get install -y chromium)"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=executable)
+        yield launched
+        await launched.close()
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 Event = Literal[
     "proposed",
     "denied",
@@ -221,3 +223,66 @@ class VerifyReport:
         if self.key_id is None:
             return "unsigned"
         return f"signed by key {self.key_id}, NOT verified (no public key of it given)"
+
+
+# --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------
+
+
+class AuditTimings(BaseModel):
+    total_ms: float | None
+    provider_ms: float | None
+
+
+class AuditItem(BaseModel):
+    """One audit row as it is published and hashed (``chain.item``)."""
+
+    seq: int
+    time: str
+    event: str
+    call_id: str | None
+    run_id: str | None
+    tenant: str
+    actor: str
+    tool: str | None
+    target: Any
+    fingerprint: str | None
+    arguments: Any
+    decision: str | None
+    code: str | None
+    reason: str | None
+    policy_version: str | None
+    approval_id: str | None
+    proposed_by: str | None
+    authorized_by: Any
+    outcome: Any
+    timings: AuditTimings
+    hash: str | None
+    """Null until the sealer has chained the row (within about a second)."""
+    prev_hash: str | None
+
+
+class AuditPage(BaseModel):
+    """``GET /audit``: oldest first; ``next_cursor`` is null on the last page."""
+
+    items: list[AuditItem]
+    next_cursor: str | None
+
+
+class BrokenAnswer(BaseModel):
+    seq: int | None
+    chain_pos: int
+    reason: str
+
+
+class Verification(BaseModel):
+    """``GET /audit/verify``: the chain recomputed, and its signed head checked."""
+
+    ok: bool
+    checked: int
+    sealed_through: int
+    unsealed: int
+    skipped: int
+    first_broken: BrokenAnswer | None
+    stalled: int
+    signed: bool
+    key_id: str | None
