@@ -101,8 +101,15 @@ async def _keep(conn: Connection) -> None:
     """Pool release without asyncpg's reset queries (a round trip per release): toolgate
     keeps no session state on pooled connections, and asyncpg still rolls back a transaction
     left open. Session advisory locks are the one exception: whoever takes one releases it
-    explicitly before the connection goes back (``app.locks``, the reconciler), or closes
+    explicitly before the connection goes back (``app.locks``, the reconciler,
+    ``Database.exclusively``), or closes
     the connection when that fails."""
+
+
+SESSION = {"jit": "off"}
+"""Settings of every pooled session. No JIT: toolgate's statements each read a page or a
+batch, but on large tables the planner's cost estimates can cross JIT's threshold, and
+compiling then takes a second where the query itself takes milliseconds."""
 
 
 class Database:
@@ -119,6 +126,7 @@ class Database:
                 init=_init,
                 reset=_keep,
                 command_timeout=10,
+                server_settings=SESSION,
             )
         except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise Unavailable(f"database unreachable: {exc}") from exc
@@ -146,6 +154,19 @@ class Database:
                 yield conn
         except _UNAVAILABLE as exc:
             raise Unavailable("database unavailable") from exc
+
+    @asynccontextmanager
+    async def exclusively(self, key: int) -> AsyncIterator[bool]:
+        """Whether this process took the session advisory lock ``key`` (one holder at a time
+        across every instance on this database), held for the block on a connection of its
+        own and released before that connection goes back to the pool."""
+        async with self.connection() as conn:
+            held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
+            try:
+                yield held
+            finally:
+                if held:
+                    await conn.execute("SELECT pg_advisory_unlock($1)", key)
 
     async def listen(
         self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]

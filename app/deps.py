@@ -1,9 +1,8 @@
 """Request dependencies: the application state, the verified principal and the body.
 
-The decision endpoints (``/propose``, ``/dry-run``, ``/execute``, ``/approve``) are plain
-routes that call ``authenticate`` and ``read_body`` themselves: FastAPI's dependency solving
-and body fields were a sizeable share of a read's CPU (``bench/``). The order is the
-same as FastAPI's: the token first, then the body.
+``authenticate`` and ``get_state`` take only the request, so a ``DecisionRoute``
+(``app.routing``) can call them without FastAPI's dependency solving; ``read_body`` is how it
+parses its body.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from app import recordable
 from app.auth.principal import Principal
-from app.errors import InvalidRequest, NotFound, ToolgateError, Unauthenticated
+from app.errors import InvalidRequest, ToolgateError, Unauthenticated, Unavailable
 from app.state import AppState
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -73,15 +72,9 @@ def malformed(errors: Sequence[Any], skip: int) -> ToolgateError:
     )
 
 
-async def plain_parameters(request: Request) -> None:
-    """Path and query parameters are looked up in PostgreSQL, whose text cannot hold NUL: a
-    path id with one names nothing (404), a query with one is malformed (400). URLs are
-    decoded with replacement characters, so NUL is the one thing that does not fit."""
-    if any("\x00" in value for value in request.path_params.values()):
-        raise NotFound("no such resource")
-    if any("\x00" in key + value for key, value in request.query_params.multi_items()):
-        raise InvalidRequest("a query parameter holds a NUL character")
-
+AUTHENTICATED = (Unauthenticated, Unavailable)
+"""The problems any route that authenticates may answer (``app.responses.problems``): no
+valid token, or a JWKS that cannot be fetched."""
 
 State = Annotated[AppState, Depends(get_state)]
 CurrentPrincipal = Annotated[Principal, Depends(authenticate)]

@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 
 from app.deps import State
 from app.errors import Unavailable
-from app.responses import JSON, problem
+from app.responses import JSON, problem, problems
 
 router = APIRouter()
 
 
-@router.get("/healthz")
+class Alive(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    """``checks``: the catalog's policy version, and ``ok`` or ``unreachable`` for the
+    database and Redis (the same in the 503 problem when one is unreachable)."""
+
+    status: Literal["ready"]
+    checks: dict[str, str]
+
+
+@router.get("/healthz", response_model=Alive, responses=problems())
 async def healthz() -> JSON:
     return JSON({"status": "ok"})
 
 
-@router.get("/readyz")
+@router.get("/readyz", response_model=Ready, responses=problems(Unavailable))
 async def readyz(state: State) -> JSON:
     database, redis = await asyncio.gather(state.db.ping(), state.locks.ping())
     checks = {

@@ -14,40 +14,38 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import health, metrics, telemetry
+from app import health, metrics, openapi, retention, telemetry
 from app.approvals import router as approvals
 from app.audit import router as audit
 from app.audit import sealer as audit_sealer
 from app.auth.tokens import TokenVerifier
 from app.calls import reconciler
 from app.calls import router as calls
-from app.calls import store as calls_store
 from app.calls.waiting import CallWaiters
 from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
+from app.console import apidocs
 from app.console import router as console
 from app.console.cors import CrossOrigin
 from app.db import Database, pending_migrations
-from app.deps import malformed, plain_parameters
+from app.deps import malformed
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
 from app.locks import Locks
 from app.mcp import router as mcp
 from app.outbound import Outbound
 from app.providers import ProviderClient
 from app.responses import JSON, problem
+from app.routing import operation_id
 from app.runs import router as runs
-from app.runs import store as runs_store
 from app.settings import ConfigError, Settings
 from app.state import AppState
 from app.webhooks import sender as webhooks
 
-PURGE_EVERY_S = 60.0
 MAX_BODY_BYTES = 1 << 20
 """Every request body, on every route: far above any tool call's arguments."""
 GC_THRESHOLD = 20_000
@@ -95,23 +93,6 @@ async def close_state(state: AppState) -> None:
     await state.locks.close()
 
 
-async def purge_expired_records(state: AppState) -> None:
-    """Forget finished execution records once ``TOOLGATE_IDEMPOTENCY_TTL_S`` has passed, and
-    what ended runs remembered of their results."""
-    while True:
-        await asyncio.sleep(PURGE_EVERY_S)
-        try:
-            async with state.db.transaction() as conn:
-                purged = await calls_store.purge_expired(conn)
-                forgotten = await runs_store.purge_memories(conn)
-        except Unavailable:
-            continue
-        if purged:
-            log.info("purged %d expired execution records", purged)
-        if forgotten:
-            log.info("purged %d remembered windows of ended runs", forgotten)
-
-
 async def reload_catalog(state: AppState) -> None:
     """Swap in the catalog as it is on disk now; a broken one leaves the current in place."""
     settings = state.settings
@@ -131,7 +112,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.set_threshold(GC_THRESHOLD)
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = {
-        asyncio.create_task(purge_expired_records(state)),
+        asyncio.create_task(retention.run(state.db, state.settings)),
         asyncio.create_task(reconciler.run(state)),
         asyncio.create_task(state.waiters.listen(state.db)),
         asyncio.create_task(webhooks.run(state)),
@@ -156,11 +137,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await telemetry.flush()
 
 
-class BodyLimit:
-    """ASGI: no request body over ``MAX_BODY_BYTES``, refused as a problem (413,
-    ``invalid_request``). A declared ``Content-Length`` over it is answered before the app
-    runs; a longer body without one fails its read, which the app's handlers turn into the
-    same problem."""
+class RequestLimits:
+    """ASGI, on every route: what no request may carry, refused as a problem before any
+    endpoint runs, and nothing recorded.
+
+    - A body over ``MAX_BODY_BYTES``: 413 ``invalid_request``. A declared ``Content-Length``
+      over it is answered at once; a longer body without one fails its read, which the app's
+      handlers turn into the same problem.
+    - NUL in the path or the query: path and query values are looked up in PostgreSQL, whose
+      text cannot hold it, and URLs are decoded with replacement characters, so NUL is the one
+      thing that does not fit. In the path it names nothing (404 ``not_found``); in the query
+      it is malformed (400 ``invalid_request``).
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -169,10 +157,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
-                await problem(_too_large())(scope, receive, send)
-                return
+        refusal = _refusal(scope)
+        if refusal is not None:
+            await problem(refusal)(scope, receive, send)
+            return
         received = 0
 
         async def counted() -> Message:
@@ -186,42 +174,20 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+def _refusal(scope: Scope) -> ToolgateError | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+            return _too_large()
+    if "\x00" in scope["path"]:
+        return NotFound("no such resource")
+    query: bytes = scope["query_string"]
+    if b"%00" in query or b"\x00" in query:
+        return InvalidRequest("a query parameter holds a NUL character")
+    return None
+
+
 def _too_large() -> ToolgateError:
     return ContentTooLarge(f"the request body is larger than {MAX_BODY_BYTES} bytes")
-
-
-class DecisionLane:
-    """ASGI: the decision endpoints, served ahead of FastAPI's middleware and routing.
-
-    They are plain routes (``Route``) that authenticate and parse the request themselves, so
-    nothing in FastAPI's stack (error and body-limit middleware, exception middleware, exit
-    stacks, nested router matching) does anything for them but cost every read CPU. The one
-    exception they raise on purpose, ``ToolgateError``, becomes its problem response here as
-    it does in the app's handler; anything else is answered ``unexpected()`` and propagates
-    to the server, which logs it. Other requests, and other methods on these paths (405),
-    go through FastAPI unchanged.
-    """
-
-    def __init__(self, routes: list[Route], app: ASGIApp) -> None:
-        self.routes = {route.path: route for route in routes}
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] not in (route.methods or ()):
-            await self.app(scope, receive, send)
-            return
-        scope["route"] = route
-        try:
-            response = await route.endpoint(Request(scope, receive, send))
-        except ToolgateError as error:
-            response = problem(error)
-        except Exception:
-            # As Starlette's ServerErrorMiddleware does for the other routes (with
-            # ``unexpected``): answer a problem, then let the server log the exception.
-            await unexpected()(scope, receive, send)
-            raise
-        await response(scope, receive, send)
 
 
 def unexpected() -> JSON:
@@ -231,45 +197,42 @@ def unexpected() -> JSON:
 
 
 class Toolgate(FastAPI):
-    """FastAPI, timed by ``TelemetryMiddleware`` from the outside, bodies limited by
-    ``BodyLimit``, and ``decisions`` in a ``DecisionLane`` ahead of its stack (they stay in
-    its routers too, for the 405s). Cross-origin access (``cors_origins``) wraps all of it,
-    so the decision endpoints' answers carry it too."""
+    """FastAPI, whose OpenAPI document is ``app.openapi.document``."""
 
-    def __init__(
-        self, decisions: list[Route], cors_origins: tuple[str, ...], **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
-        self.decisions = decisions
-        self.cors_origins = cors_origins
-
-    def build_middleware_stack(self) -> ASGIApp:
-        lane = DecisionLane(self.decisions, super().build_middleware_stack())
-        stack: ASGIApp = telemetry.TelemetryMiddleware(BodyLimit(lane))
-        return CrossOrigin(stack, self.cors_origins) if self.cors_origins else stack
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            self.openapi_schema = openapi.document(self)
+        return self.openapi_schema
 
 
 def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
-    """``sealer=False``: audit rows are sealed elsewhere (``toolgate serve``'s own process)."""
+    """``sealer=False``: audit rows are sealed elsewhere (``toolgate serve``'s own process).
+
+    One pipeline for every route, the decision endpoints included (they are FastAPI routes of
+    the class ``app.routing.DecisionRoute``), and for anything mounted later: Starlette's
+    error middleware, then, from the outside in, cross-origin access (when configured),
+    telemetry and the request limits, then the exception handlers and the router."""
     telemetry.setup(settings.env)
     app = Toolgate(
-        cors_origins=settings.cors_origins,
-        decisions=[
-            route
-            for router in (calls.router, approvals.router)
-            for route in router.routes
-            if type(route) is Route
-        ],
         title="toolgate",
         lifespan=lifespan,
-        openapi_url=None,
+        openapi_url="/openapi.json",
+        docs_url=None,  # ``app.console.apidocs`` serves /docs without a CDN
+        redoc_url=None,
+        generate_unique_id_function=operation_id,
         telemetry=telemetry.FASTAPI_OFF,
-        dependencies=[Depends(plain_parameters)],
     )
     app.state.settings = settings
     app.state.seal_in_lifespan = sealer
-    # The decision endpoints are served by the ``DecisionLane``; they stay in their routers,
-    # first, so other methods on their paths get FastAPI's 405.
+    app.add_middleware(RequestLimits)
+    app.add_middleware(telemetry.TelemetryMiddleware)
+    if settings.cors_origins:
+        app.add_middleware(CrossOrigin, origins=settings.cors_origins)
+    # The decision endpoints are the first routes of the app's own router: an included router's
+    # routes are matched through two more levels (twice) on every request, which cost a read
+    # more CPU than the rest of the stack. Nothing else differs: a decision router has no
+    # prefix or dependencies of its own.
+    app.router.routes[0:0] = [*calls.decisions.routes, *approvals.decisions.routes]
     app.include_router(calls.router)
     app.include_router(approvals.router)
     app.include_router(runs.router)
@@ -278,6 +241,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(console.router)
+    app.include_router(apidocs.router)
     app.state.mcp = mcp.Endpoint()
     app.router.routes.extend(mcp.routes(app.state.mcp))
 

@@ -19,6 +19,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, g
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from app.responses import problems
+
 UNKNOWN_TOOL = "unknown"
 UNMATCHED_ROUTE = "unmatched"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -71,7 +73,17 @@ def provider_seconds(provider: str, endpoint: str) -> Histogram:
 router = APIRouter()
 
 
-@router.get("/metrics", include_in_schema=False)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        **problems(),
+        200: {
+            "description": "Prometheus text exposition",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+    },
+)
 async def metrics() -> Response:
     """No authentication (SPEC §4); exposition runs off the event loop."""
     text = await asyncio.to_thread(generate_latest, _registry())

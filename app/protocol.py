@@ -6,7 +6,7 @@ arrives in pieces is copied whole for every piece, before the app (and so authen
 sees anything: one client could make a worker hold and copy many megabytes. Here the head
 (request line and headers) may be at most ``MAX_HEAD_BYTES``; a longer one is answered 431
 as a problem (``invalid_request``) and the connection closed, after reading at most that
-much plus one network read. Bodies are limited in the app (``main.BodyLimit``).
+much plus one network read. Bodies are limited in the app (``main.RequestLimits``).
 """
 
 from __future__ import annotations

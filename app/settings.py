@@ -42,6 +42,12 @@ class Settings:
     """Ed25519 private key (PEM) signing the audit chain's checkpoints; kept off the database."""
     audit_checkpoint_file: Path | None = None
     """Where the audit sealer appends its signed checkpoints (NDJSON), besides its log."""
+    retention_days: int = 90
+    """Days calls (with their dry-runs and approvals) and runs are kept; 0 keeps them."""
+    audit_retention_days: int = 0
+    """Days audit rows are kept; 0 (the default) keeps them."""
+    webhook_retention_days: int = 7
+    """Days delivered webhooks are kept; 0 keeps them."""
     cors_origins: tuple[str, ...] = ()
     """Browser origins (``scheme://host[:port]``) whose pages may call the API; none by default."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -61,6 +67,21 @@ class Settings:
             allowed = tuple(a.strip() for a in algorithms.split(",") if a.strip())
         else:
             allowed = ("HS256",) if secret else ("RS256", "ES256", "EdDSA")
+        retention = {
+            name: _days(f"TOOLGATE_{name}", get(name), default)
+            for name, default in (
+                ("RETENTION_DAYS", 90),
+                ("AUDIT_RETENTION_DAYS", 0),
+                ("WEBHOOK_RETENTION_DAYS", 7),
+            )
+        }
+        history, audit = retention["RETENTION_DAYS"], retention["AUDIT_RETENTION_DAYS"]
+        if audit and not 0 < history <= audit:
+            raise ConfigError(
+                "TOOLGATE_AUDIT_RETENTION_DAYS must be 0 (keep) or at least "
+                "TOOLGATE_RETENTION_DAYS (which must then be set): the audit trail is kept "
+                "longest"
+            )
         ttl = get("IDEMPOTENCY_TTL_S") or "86400"
         if not ttl.isdigit() or int(ttl) <= 0:
             raise ConfigError("TOOLGATE_IDEMPOTENCY_TTL_S must be a positive number of seconds")
@@ -83,6 +104,9 @@ class Settings:
             idempotency_ttl_s=int(ttl),
             audit_signing_key_file=_path(get("AUDIT_SIGNING_KEY")),
             audit_checkpoint_file=_path(get("AUDIT_CHECKPOINT_FILE")),
+            retention_days=history,
+            audit_retention_days=audit,
+            webhook_retention_days=retention["WEBHOOK_RETENTION_DAYS"],
             cors_origins=_origins(get("CORS_ORIGINS")),
             env=dict(env),
         )
@@ -119,6 +143,14 @@ class Settings:
         if not self.database_url.startswith(("postgresql://", "postgres://")):
             raise ConfigError("TOOLGATE_DATABASE_URL must be a postgresql:// URL")
         return self.database_url
+
+
+def _days(name: str, value: str | None, default: int) -> int:
+    if value is None:
+        return default
+    if not (value.isascii() and value.isdigit()):
+        raise ConfigError(f"{name} must be a whole number of days (0 keeps everything)")
+    return int(value)
 
 
 _ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")

@@ -283,6 +283,14 @@ def main() -> int:
     return 1 if failed else 0
 
 
+def start_providers(procs: Processes, env: dict[str, str], port: int) -> Proc:
+    """The demo providers on ``port``, once they answer."""
+    argv = [sys.executable, "-m", "examples.demo_providers", "--host", HOST, "--port", str(port)]
+    providers = procs.start("providers", argv, env)
+    wait_ready(providers, f"http://{HOST}:{port}/billing/orders/ord_1/owner")
+    return providers
+
+
 def server_argv(target: str, port: int) -> list[str]:
     common = ["--host", HOST, "--port", str(port)]
     if target == "toolgate":

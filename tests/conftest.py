@@ -40,9 +40,10 @@ import pytest
 import redis.asyncio as redis
 import uvicorn
 from aiohttp import web
+from playwright.async_api import Browser, async_playwright
 
 from app.auth.tokens import mint
-from app.db import migrate
+from app.db import Database, migrate
 from app.embedded import EmbeddedPostgres
 from app.main import create_app
 from app.settings import Settings
@@ -97,6 +98,15 @@ async def redis_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[s
 async def database_url(admin_dsn: str) -> AsyncIterator[str]:
     async with fresh_database(admin_dsn, f"toolgate_test_{RUN}") as url:
         yield url
+
+
+@pytest.fixture
+async def database(database_url: str, clean: None) -> AsyncIterator[Database]:
+    """The app's own database facade, for driving the sealer and verify directly."""
+    facade = Database(database_url)
+    await facade.open(min_size=1, max_size=4)
+    yield facade
+    await facade.close()
 
 
 @pytest.fixture
@@ -267,6 +277,18 @@ async def base_url(app: Any) -> AsyncIterator[str]:
     await task
 
 
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    """Headless Chromium: the system's ``chromium``, driven by Playwright (nothing is
+    downloaded)."""
+    executable = shutil.which("chromium")
+    assert executable is not None, "install chromium (apt-get install -y chromium)"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=executable)
+        yield launched
+        await launched.close()
+
+
 @pytest.fixture
 async def clean(database_url: str) -> None:
     """Every test starts from empty tables (the schema stays)."""
@@ -275,7 +297,7 @@ async def clean(database_url: str) -> None:
         await conn.execute(
             "TRUNCATE calls, audit_events, dry_runs, approvals, executions, runs, run_repeats"
             ", run_windows, run_memory"
-            ", audit_chain, audit_gaps RESTART IDENTITY"
+            ", audit_chain, audit_gaps, audit_anchor RESTART IDENTITY"
         )
     finally:
         await conn.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -343,3 +344,45 @@ async def test_a_later_denial_is_audited_but_never_rewrites_a_decided_or_execute
     )
     assert [r["code"] for r in codes][-1] == "tool_forbidden"
     assert await effects(providers) == (1 if decision == "approve" else 0)
+
+
+async def test_a_call_nobody_decided_leaves_the_inbox_when_its_approval_window_passes(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    """A high-impact call of a tool without a preview is pending from its proposal for the
+    approval's ttl_s (300 s in the demo catalog); a previewed one until its preview expires."""
+    agent = {"sub": "alice", "roles": "support"}
+    lead = flow.auth("sam", roles="support_lead")
+    email = await flow.propose(
+        "update_customer_email", {"customer_id": "cus_dave", "email": "d@new.example"}, agent
+    )
+    refund, _ = await previewed(flow)
+
+    async def pending(headers: dict[str, str]) -> list[dict[str, Any]]:
+        response = await flow.client.get("/approvals?status=pending", headers=headers)
+        assert response.status_code == 200, response.text
+        return response.json()["items"]  # type: ignore[no-any-return]
+
+    [item] = await pending(lead)
+    assert item["call_id"] == email["call_id"]
+    window = datetime.fromisoformat(item["expires_at"]) - datetime.fromisoformat(
+        item["requested_at"]
+    )
+    assert timedelta(seconds=299) < window <= timedelta(seconds=301)
+    [previewed_item] = await pending(flow.auth(**BOB))
+    assert previewed_item["call_id"] == refund
+    preview = await db.fetchval("SELECT expires_at FROM dry_runs WHERE call_id = $1", refund)
+    assert datetime.fromisoformat(previewed_item["expires_at"]) == preview
+    # Five minutes later, nobody having decided:
+    await db.execute(
+        "UPDATE calls SET created_at = created_at - interval '301 seconds',"
+        " pending_until = pending_until - interval '301 seconds'"
+    )
+    await db.execute("UPDATE dry_runs SET expires_at = expires_at - interval '301 seconds'")
+    assert await pending(lead) == []
+    assert await pending(flow.auth(**BOB)) == []
+    states = {r["state"] for r in await db.fetch("SELECT state FROM calls")}
+    assert states == {"awaiting_approval"}, "nothing about the calls themselves changed"
+    # A new preview opens the window again.
+    await flow.dry_run(refund)
+    assert [i["call_id"] for i in await pending(flow.auth(**BOB))] == [refund]

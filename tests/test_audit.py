@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -103,6 +103,31 @@ async def seqs(client: httpx.AsyncClient, headers: dict[str, str], **params: Any
     body = response.json()
     assert body["next_cursor"] is None
     return [item["seq"] for item in body["items"]]
+
+
+async def test_a_time_window_holds_rows_whose_time_runs_a_little_behind_their_seq(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection
+) -> None:
+    """Seqs and times are stamped together, so a later seq may carry a slightly earlier time
+    (up to the store's slack); a window is exact by time all the same."""
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    offsets_s = [0, 3, 1, 2, 30, 29]  # seqs 1..6
+    for offset in offsets_s:
+        await db.execute(
+            "INSERT INTO audit_events (at, event, tenant, actor) VALUES ($1, 'proposed', 'acme',"
+            " 'alice')",
+            start + timedelta(seconds=offset),
+        )
+
+    def at(seconds: float) -> str:
+        return (start + timedelta(seconds=seconds)).isoformat()
+
+    assert await seqs(client, admin(auth), since=at(1.5), until=at(29.5)) == [2, 4, 6]
+    assert await seqs(client, admin(auth), since=at(2.5)) == [2, 5, 6]
+    assert await seqs(client, admin(auth), until=at(2.5)) == [1, 3, 4]
+    assert await seqs(client, auditor(auth), since=at(29), until=at(31)) == [5, 6]
+    assert await seqs(client, admin(auth), since=at(31)) == []
+    assert await seqs(client, admin(auth), until=at(0)) == []
 
 
 @pytest.mark.usefixtures("trail")

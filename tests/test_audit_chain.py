@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +30,6 @@ from tests.flows import Flow, refund_args
 
 Auth = Callable[..., dict[str, str]]
 SEAL_BOUND_S = 5.0
-
-
-@pytest.fixture
-async def database(database_url: str, clean: None) -> AsyncIterator[Database]:
-    """The app's own database facade, for driving the sealer and verify directly."""
-    facade = Database(database_url)
-    await facade.open(min_size=1, max_size=4)
-    yield facade
-    await facade.close()
 
 
 def event(number: int, **fields: Any) -> AuditEvent:
@@ -133,6 +124,7 @@ async def test_rows_are_sealed_right_after_requests_and_the_chain_verifies(
         "stalled": 0,
         "signed": False,
         "key_id": None,
+        "removed_through": 0,
     }
     items = (await client.get("/audit", headers=admin(auth))).json()["items"]
     assert [i["event"] for i in items] == ["proposed", "proposed", "denied"]

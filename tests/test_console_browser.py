@@ -10,7 +10,6 @@ One server and one browser per module; each test gets a fresh browser context, s
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 
 from tests.conftest import ROOT, Providers
 from tests.flows import ALICE, BOB, Auth, Flow, new_key, refund_args
@@ -26,16 +25,6 @@ from tests.flows import ALICE, BOB, Auth, Flow, new_key, refund_args
 Token = Callable[..., str]
 REFUNDS = "/billing/refunds"
 SCRIPT = '<script>window.pwned = 1</script><img src="x" onerror="window.pwned = 2">'
-
-
-@pytest.fixture(scope="module")
-async def browser() -> AsyncIterator[Browser]:
-    executable = shutil.which("chromium")
-    assert executable is not None, "install chromium (apt-get install -y chromium)"
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=executable)
-        yield launched
-        await launched.close()
 
 
 @pytest.fixture

@@ -195,8 +195,8 @@ async def test_malformed_bodies_are_invalid_requests(
 async def test_decision_paths_answer_other_methods_and_near_misses_as_fastapi_does(
     client: httpx.AsyncClient, auth: Auth
 ) -> None:
-    """The decision endpoints are served ahead of FastAPI (``main.DecisionLane``); anything
-    else on or near their paths still goes through it."""
+    """The decision endpoints are ``DecisionRoute``s in FastAPI's router: another method on
+    their paths, or a path near them, is answered as on any other route."""
     for path in ("/propose", "/dry-run", "/execute", "/approve"):
         response = await client.get(path, headers=auth())
         assert response.status_code == 405, (path, response.text)

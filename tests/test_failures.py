@@ -140,5 +140,5 @@ async def test_expired_records_are_purged_and_their_key_may_be_used_again(
     assert (await providers.stats())["effects"] == 2
     await db.execute("UPDATE executions SET expires_at = now() - interval '1 second'")
     async with app.state.toolgate.db.transaction() as conn:  # type: ignore[attr-defined]
-        assert await store.purge_expired(conn) == 1
+        assert await store.purge_expired(conn, 1000) == 1
     assert await db.fetchval("SELECT count(*) FROM executions") == 0

@@ -5,41 +5,43 @@ here raise on purpose."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import pytest
-from starlette.requests import Request
-from starlette.routing import Route
+from fastapi import FastAPI
 
-from app.main import Toolgate, create_app
+from app.main import create_app
+from app.routing import DecisionRoute
 from app.settings import Settings
 
 SECRET_DETAIL = "connection string postgres://admin:hunter2@db"
 
 
-async def explode(request: Request) -> Any:
+async def explode() -> Any:
     raise RuntimeError(SECRET_DETAIL)
 
 
 @pytest.fixture
-def exploding(settings: Settings) -> Toolgate:
-    """The app with one route that raises in the decision lane and one in FastAPI."""
-    app = cast(Toolgate, create_app(settings))
-    app.decisions.append(Route("/explode", explode, methods=["POST"]))
+def exploding(settings: Settings) -> FastAPI:
+    """The app with one route that raises as a ``DecisionRoute`` and one as FastAPI's own."""
+    app = create_app(settings)
+    app.router.add_api_route(
+        "/explode", explode, methods=["POST"], route_class_override=DecisionRoute
+    )
     app.add_api_route("/explode", explode, methods=["GET"])
     return app
 
 
-async def request(app: Toolgate, method: str, *, raise_app_exceptions: bool) -> httpx.Response:
+async def request(app: FastAPI, method: str, *, raise_app_exceptions: bool) -> httpx.Response:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
     async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as client:
         return await client.request(method, "/explode")
 
 
-@pytest.mark.parametrize("method", ["POST", "GET"], ids=["decision_lane", "fastapi"])
+@pytest.mark.parametrize("method", ["POST", "GET"], ids=["decision_route", "fastapi"])
 async def test_an_unexpected_exception_is_a_500_problem_that_reveals_nothing(
-    exploding: Toolgate, method: str
+    exploding: FastAPI, method: str
 ) -> None:
     response = await request(exploding, method, raise_app_exceptions=False)
     assert response.status_code == 500
@@ -48,15 +50,15 @@ async def test_an_unexpected_exception_is_a_500_problem_that_reveals_nothing(
     assert "hunter2" not in response.text
 
 
-@pytest.mark.parametrize("method", ["POST", "GET"], ids=["decision_lane", "fastapi"])
+@pytest.mark.parametrize("method", ["POST", "GET"], ids=["decision_route", "fastapi"])
 async def test_an_unexpected_exception_still_reaches_the_server_to_be_logged(
-    exploding: Toolgate, method: str
+    exploding: FastAPI, method: str
 ) -> None:
     with pytest.raises(RuntimeError, match="hunter2"):
         await request(exploding, method, raise_app_exceptions=True)
 
 
-async def test_the_exploding_app_serves_its_other_routes(exploding: Toolgate) -> None:
+async def test_the_exploding_app_serves_its_other_routes(exploding: FastAPI) -> None:
     """The routes were added to the real app: everything else is as it ships."""
     transport = httpx.ASGITransport(app=exploding)
     async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as client:

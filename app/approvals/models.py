@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from app.bodies import Body, Text
+from app.calls import answers
 
 BINDING_FIELDS = (
     "actor",
@@ -128,3 +129,42 @@ class InboxRow:
         if self.target_type is None or self.target_id is None:
             return None
         return {"type": self.target_type, "id": self.target_id}
+
+
+# --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------
+
+
+class ApprovalAnswer(BaseModel):
+    """``POST /approve``: the decision, stored with what it binds."""
+
+    approval_id: str
+    call_id: str
+    decision: Literal["approve", "reject"]
+    expires_at: datetime | None
+    binding: answers.Binding
+
+
+class InboxItem(BaseModel):
+    """A request the caller may decide. ``arguments`` has sensitive values masked; a pending
+    request shows them in ``sensitive_arguments``, to the approvers who decide it."""
+
+    call_id: str
+    tool: str
+    actor: str
+    target: answers.Target | None
+    arguments: dict[str, Any]
+    impact: str | None
+    snapshot: Any
+    snapshot_hash: str | None
+    requested_at: datetime
+    expires_at: datetime | None
+    status: Literal["pending", "approved", "rejected", "expired"]
+    taint: list[answers.Taint]
+    sensitive_arguments: dict[str, Any] | None = None
+
+
+class Inbox(BaseModel):
+    """``GET /approvals``: newest first; ``next_cursor`` is null on the last page."""
+
+    items: list[InboxItem]
+    next_cursor: str | None

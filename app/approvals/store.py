@@ -90,10 +90,10 @@ _DECIDED = f"""
 _INBOX = {
     "pending": f"""
         SELECT c.*, 'pending' AS status, d.snapshot, d.snapshot_hash,
-               coalesce(d.created_at, c.created_at) AS requested_at, d.expires_at
+               coalesce(d.created_at, c.created_at) AS requested_at,
+               c.pending_until AS expires_at
         FROM calls c {_LATEST_DRY_RUN}
-        WHERE c.tenant = $1 AND c.state = 'awaiting_approval'
-          AND (d.expires_at IS NULL OR d.expires_at > now())
+        WHERE c.tenant = $1 AND c.state = 'awaiting_approval' AND c.pending_until > now()
     """,
     **{
         status: f"SELECT * FROM ({_DECIDED}) decided WHERE status = '{status}'"

@@ -184,6 +184,14 @@ def plan(head: ChainHead, unsealed: Sequence[AuditRow], now: datetime, grace: ti
     that, and the gap is recorded and passed over.
     """
     result = Plan(head=head)
+    extend(result, unsealed, now, grace)
+    return result
+
+
+def extend(result: Plan, unsealed: Sequence[AuditRow], now: datetime, grace: timedelta) -> None:
+    """Continue ``result`` with the next ``unsealed`` rows, as ``plan`` would have."""
+    if result.waiting:
+        return
     for row in unsealed:
         head = result.head
         if row.seq <= head.sealed_through:
@@ -195,7 +203,6 @@ def plan(head: ChainHead, unsealed: Sequence[AuditRow], now: datetime, grace: ti
                 break
             result.gaps.append(Gap(head.sealed_through + 1, row.seq - 1, head.chain_pos))
         _append(result, row, row.seq)
-    return result
 
 
 def _append(result: Plan, row: AuditRow, sealed_through: int) -> None:

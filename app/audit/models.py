@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 Event = Literal[
     "proposed",
     "denied",
@@ -105,6 +107,17 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Anchor:
+    """Where the chain starts once retention removed its oldest rows: the last removed row's
+    position, hash and time, and how many removed rows held seqs outside recorded gaps."""
+
+    chain_pos: int = 0
+    hash: str = "sha256:" + "0" * 64
+    at: datetime | None = None
+    outside_gaps: int = 0
+
+
+@dataclass(frozen=True)
 class Seal:
     """The chain columns the sealer writes onto one row."""
 
@@ -156,6 +169,10 @@ class VerifyReport:
     """The key the head's checkpoint names (verified or not); None when it is unsigned."""
     exported: int = 0
     """Checkpoints published outside the database that were checked against the chain."""
+    removed_through: int = 0
+    """Chain positions up to here were removed by retention; the walk starts after them."""
+    removed_before: datetime | None = None
+    """The time of the last removed row."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -168,6 +185,7 @@ class VerifyReport:
             "stalled": self.stalled,
             "signed": self.signed,
             "key_id": self.key_id,
+            "removed_through": self.removed_through,
         }
 
     def summary(self) -> str:
@@ -179,6 +197,11 @@ class VerifyReport:
             f"chain head: {self._signature()}",
             f"checked {self.exported} exported checkpoints",
         ]
+        if self.removed_through:
+            lines.append(
+                f"positions 1..{self.removed_through} removed by retention (rows up to "
+                f"{self.removed_before.isoformat() if self.removed_before else '?'})"
+            )
         if self.first_broken is not None:
             broken = self.first_broken
             where = f"seq {broken.seq}" if broken.seq is not None else "end of chain"
@@ -200,3 +223,66 @@ class VerifyReport:
         if self.key_id is None:
             return "unsigned"
         return f"signed by key {self.key_id}, NOT verified (no public key of it given)"
+
+
+# --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------
+
+
+class AuditTimings(BaseModel):
+    total_ms: float | None
+    provider_ms: float | None
+
+
+class AuditItem(BaseModel):
+    """One audit row as it is published and hashed (``chain.item``)."""
+
+    seq: int
+    time: str
+    event: str
+    call_id: str | None
+    run_id: str | None
+    tenant: str
+    actor: str
+    tool: str | None
+    target: Any
+    fingerprint: str | None
+    arguments: Any
+    decision: str | None
+    code: str | None
+    reason: str | None
+    policy_version: str | None
+    approval_id: str | None
+    proposed_by: str | None
+    authorized_by: Any
+    outcome: Any
+    timings: AuditTimings
+    hash: str | None
+    """Null until the sealer has chained the row (within about a second)."""
+    prev_hash: str | None
+
+
+class AuditPage(BaseModel):
+    """``GET /audit``: oldest first; ``next_cursor`` is null on the last page."""
+
+    items: list[AuditItem]
+    next_cursor: str | None
+
+
+class BrokenAnswer(BaseModel):
+    seq: int | None
+    chain_pos: int
+    reason: str
+
+
+class Verification(BaseModel):
+    """``GET /audit/verify``: the chain recomputed, and its signed head checked."""
+
+    ok: bool
+    checked: int
+    sealed_through: int
+    unsealed: int
+    skipped: int
+    first_broken: BrokenAnswer | None
+    stalled: int
+    signed: bool
+    key_id: str | None

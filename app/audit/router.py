@@ -10,12 +10,12 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
 from app.audit import service
-from app.audit.models import AuditFilter, Event
-from app.deps import CurrentPrincipal, State
-from app.errors import InvalidRequest
-from app.responses import JSON
+from app.audit.models import AuditFilter, AuditPage, Event, Verification
+from app.deps import AUTHENTICATED, CurrentPrincipal, State
+from app.errors import Forbidden, InvalidRequest
+from app.responses import JSON, problems
 
-router = APIRouter()
+router = APIRouter(responses=problems(*AUTHENTICATED, Forbidden))
 
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
 
@@ -57,8 +57,8 @@ async def audit_filter(
 Filter = Annotated[AuditFilter, Depends(audit_filter)]
 
 
-@router.get("/audit")
-async def audit(
+@router.get("/audit", response_model=AuditPage)
+async def audit_page(
     principal: CurrentPrincipal,
     state: State,
     where: Filter,
@@ -68,14 +68,23 @@ async def audit(
     return JSON(await service.page(state, principal, where, limit, cursor))
 
 
-@router.get("/audit/export")
-async def export(
+@router.get(
+    "/audit/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "NDJSON: one `AuditItem` per line, as `GET /audit` lists them",
+            "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def audit_export(
     principal: CurrentPrincipal, state: State, where: Filter, cursor: str | None = None
 ) -> StreamingResponse:
     lines = await service.export(state, principal, where, cursor)
     return StreamingResponse(lines, media_type="application/x-ndjson")
 
 
-@router.get("/audit/verify")
-async def verify(principal: CurrentPrincipal, state: State) -> JSON:
+@router.get("/audit/verify", response_model=Verification)
+async def audit_verify(principal: CurrentPrincipal, state: State) -> JSON:
     return JSON((await service.verify_for(state, principal)).as_dict())

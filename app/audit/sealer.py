@@ -28,6 +28,13 @@ sealer writes ``chain_pos``/``prev_hash``/``hash`` onto committed rows right aft
 - **No row stalls it.** A row's published form is total (``chain.item``): a stored value
   nothing can publish is hashed as a digest stand-in, logged as an error, and the chain
   moves on.
+- **At a cost that does not grow with history.** A pass reads the rows above the head's
+  ``sealed_through`` through the primary key and late rows through the recorded gaps
+  (``store.unsealed``), never an index of rows that were once unsealed, whose dead entries
+  piled up until a VACUUM; the seal ``UPDATE`` is bounded to its chunk's seq range, and
+  each chunk is hashed while the database writes the one before. Gaps
+  recorded in the last ``LATE_WINDOW_S`` are looked in on every pass, all of them every
+  ``SWEEP_EVERY_S``.
 - **Promptly, off the request path.** A pass runs every ``EVERY_S``, so a row is sealed
   within about that long after it commits, whichever instance wrote it; an idle pass is one
   short transaction that finds nothing. ``toolgate serve`` runs the passes in a process of
@@ -50,22 +57,27 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from app.audit import chain, checkpoints, store
 from app.audit.checkpoints import SigningKey
-from app.audit.models import ChainHead, Checkpoint
-from app.db import Database
+from app.audit.models import AuditRow, ChainHead, Checkpoint
+from app.db import Connection, Database
 from app.errors import Unavailable
 from app.settings import ConfigError, Settings
 
 GRACE_S = 5.0
 EVERY_S = 0.2
-BATCH = 500
+BATCH = 2000
+CHUNK = 500
 BUSY_RETRY_S = 0.05
 BUSY_RETRIES = 40
 PUBLISH_EVERY_S = 1.0
+LATE_WINDOW_S = 3600.0
+"""Every pass looks for late rows in the gaps recorded this recently..."""
+SWEEP_EVERY_S = 60.0
+"""...and every this often in all of them."""
 REFUSAL_LOG_EVERY_S = 60.0
 log = logging.getLogger("toolgate.audit")
 
@@ -88,14 +100,20 @@ class Pass:
 
 
 async def seal_pending(
-    db: Database, grace_s: float = GRACE_S, batch: int = BATCH, *, key: SigningKey | None = None
+    db: Database,
+    grace_s: float = GRACE_S,
+    batch: int = BATCH,
+    *,
+    key: SigningKey | None = None,
+    gaps_since: datetime = store.EVERY_GAP,
 ) -> Pass:
     """One pass: seal up to ``batch`` committed rows, if no other sealer is running, and
-    write the new head as a checkpoint (signed with ``key``)."""
+    write the new head as a checkpoint (signed with ``key``). Late rows are looked for in
+    the gaps recorded after ``gaps_since``."""
     async with db.transaction() as conn:
         if not await store.try_lock_sealer(conn):
             return Pass(busy=True)
-        rows = await store.unsealed(conn, batch)
+        rows = await store.unsealed(conn, batch, gaps_since)
         if not rows:
             return Pass()
         current = await store.head(conn)
@@ -104,11 +122,10 @@ async def seal_pending(
             return Pass(refused=refused)
         now = await store.database_now(conn)
         head = current.head if current else ChainHead(0, chain.GENESIS, 0)
-        plan = chain.plan(head, rows, now, timedelta(seconds=grace_s))
+        plan = await _hash_and_seal(conn, head, rows, now, timedelta(seconds=grace_s))
         checkpoint = None
         if plan.seals:
             checkpoint = checkpoints.checkpoint(plan.head, chain.rfc3339(now), key)
-            await store.seal(conn, plan.seals)
             await store.record_gaps(conn, plan.gaps)
             await store.save_head(conn, checkpoint)
     for gap in plan.gaps:
@@ -140,6 +157,33 @@ async def seal_pending(
     )
 
 
+async def _hash_and_seal(
+    conn: Connection, head: ChainHead, rows: list[AuditRow], now: datetime, grace: timedelta
+) -> chain.Plan:
+    """Plan the chain over ``rows`` and write it, ``CHUNK`` rows at a time: each chunk is
+    hashed here while the database writes the one before, so a backlog drains at the pace
+    of the slower of the two rather than of both in turn."""
+    plan = chain.Plan(head=head)
+    writing: asyncio.Task[None] | None = None
+    try:
+        for start in range(0, len(rows), CHUNK):
+            done = len(plan.seals)
+            chain.extend(plan, rows[start : start + CHUNK], now, grace)
+            if writing is not None:
+                await writing
+                writing = None
+            if len(plan.seals) > done:
+                writing = asyncio.create_task(store.seal(conn, plan.seals[done:]))
+                await asyncio.sleep(0)  # the statement is on its way before the next hashing
+        if writing is not None:
+            await writing
+    finally:
+        if writing is not None and not writing.done():
+            with contextlib.suppress(Exception):
+                await writing
+    return plan
+
+
 async def seal_all(db: Database, grace_s: float = GRACE_S, *, key: SigningKey | None = None) -> int:
     """Seal everything sealable now, waiting for another sealer if needed; rows sealed."""
     sealed = 0
@@ -163,6 +207,7 @@ class Sealer:
         self._newest: Checkpoint | None = None
         self._published_at = -math.inf
         self._refusal_logged_at = -math.inf
+        self._swept_at = -math.inf
 
     async def run(self) -> None:
         if self._key is None:
@@ -185,9 +230,14 @@ class Sealer:
             self._publish(0.0)
 
     async def _drain(self) -> None:
-        busy = 0
+        busy, now = 0, time.monotonic()
+        gaps_since = store.EVERY_GAP
+        if now - self._swept_at < SWEEP_EVERY_S:
+            gaps_since = datetime.now(UTC) - timedelta(seconds=LATE_WINDOW_S)
+        else:
+            self._swept_at = now
         while True:
-            result = await seal_pending(self._db, key=self._key)
+            result = await seal_pending(self._db, key=self._key, gaps_since=gaps_since)
             self._newest = result.checkpoint or self._newest
             if result.refused is not None:
                 self._refuse(result.refused)

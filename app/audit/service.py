@@ -8,6 +8,7 @@ it names a broken row by seq and reason only, never by its contents.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -24,8 +25,31 @@ from app.errors import Forbidden, InvalidRequest
 from app.settings import Settings
 from app.state import AppState
 
-EXPORT_PAGE = 500
-VERIFY_PAGE = 1000
+EXPORT_PAGE = 100
+VERIFY_PAGE = 200
+VERIFY_SLICE = 50
+HEAVY_PAUSE_S = 0.002
+REST_RATIO = 2.0
+
+
+class Paced:
+    """Exports and verification run on the workers that answer decisions, so they work in
+    small steps (a page of ``EXPORT_PAGE`` or ``VERIFY_PAGE`` rows read, ``VERIFY_SLICE``
+    hashed) and rest after each ``REST_RATIO`` times as long as it took (at least
+    ``pause_s``): a decision waiting behind one waits for a step, not for thousands of rows,
+    and a long export or verify takes at most a third of its worker. ``pause_s=0`` (the
+    command line, which serves nobody else) only yields."""
+
+    def __init__(self, pause_s: float = HEAVY_PAUSE_S) -> None:
+        self._pause_s = pause_s
+        self._since = time.perf_counter()
+
+    async def rest(self) -> None:
+        took = time.perf_counter() - self._since
+        await asyncio.sleep(max(self._pause_s, REST_RATIO * took) if self._pause_s else 0)
+        self._since = time.perf_counter()
+
+
 STALL_S = 60.0
 """A row unsealed this long after its insert is stalled: the sealer, every 0.2 s, passes a
 missing seq after 5 s, so only a pass that keeps failing or refusing leaves one this old."""
@@ -82,11 +106,12 @@ async def export(
 
 
 async def _lines(db: Database, where: AuditFilter, rows: list[AuditRow]) -> AsyncIterator[bytes]:
+    paced = Paced()
     while True:
-        for row in rows:
-            yield orjson.dumps(chain.item(row)) + b"\n"
+        yield b"".join(orjson.dumps(chain.item(row)) + b"\n" for row in rows)
         if len(rows) < EXPORT_PAGE:
             return
+        await paced.rest()
         async with db.connection() as conn:
             rows = await store.page(conn, where, rows[-1].seq, EXPORT_PAGE)
 
@@ -98,7 +123,10 @@ async def verify_for(state: AppState, principal: Principal) -> VerifyReport:
 
 
 async def verify(
-    db: Database, public: PublicKey | None = None, exported: Sequence[Exported] = ()
+    db: Database,
+    public: PublicKey | None = None,
+    exported: Sequence[Exported] = (),
+    pause_s: float = HEAVY_PAUSE_S,
 ) -> VerifyReport:
     """Recompute the chain in sealing order from one snapshot and name the first thing that
     does not hold: a broken row, a chain cut short, a head not signed by ``public``'s key,
@@ -107,20 +135,30 @@ async def verify(
     sealing has stopped."""
     async with db.connection() as conn, store.snapshot(conn):
         unsealed = await store.unsealed_count(conn)
-        stalled = await store.stalled_count(conn, STALL_S)
+        stalled = await store.unsealed_count(conn, STALL_S)
         current = await store.head(conn)
         head = current.head if current else None
+        anchor = await store.anchor(conn)
         skipped = await store.skipped_count(conn)
         end = head.chain_pos if head else 0
-        walk = chain.Walk()
+        walk = chain.Walk(anchor.chain_pos, anchor.hash)
+        paced = Paced(pause_s)
         while walk.broken is None:
             rows = await store.chain_page(conn, walk.chain_pos, VERIFY_PAGE)
             if not rows:
                 break
-            walk = await asyncio.to_thread(chain.check, walk, rows, end)
-        beyond, uncovered = await store.unaccounted(conn, head)
+            for start in range(0, len(rows), VERIFY_SLICE):
+                walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
+                if walk.broken is not None:
+                    break
+                await paced.rest()
+        beyond, uncovered = await store.unaccounted(conn, head, anchor)
+        # Checkpoints of removed positions can no longer be compared; the anchor's can.
+        exported = [(line, c) for line, c in exported if c.chain_pos >= anchor.chain_pos]
         positions = sorted({published.chain_pos for _, published in exported})
         hashes = await store.hashes_at(conn, positions) if positions else {}
+        if anchor.chain_pos:
+            hashes[anchor.chain_pos] = anchor.hash
     broken = (
         walk.broken
         or chain.check_end(walk, head)
@@ -139,6 +177,8 @@ async def verify(
         signed=bool(public and current and public.vouches_for(current)),
         key_id=current.key_id if current else None,
         exported=len(exported),
+        removed_through=anchor.chain_pos,
+        removed_before=anchor.at,
     )
 
 
@@ -151,6 +191,6 @@ async def seal_and_verify(
     await db.open(min_size=1, max_size=2)
     try:
         await sealer.seal_all(db, key=key)
-        return await verify(db, public, exported)
+        return await verify(db, public, exported, pause_s=0.0)
     finally:
         await db.close()

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from app.audit.chain import rfc3339
-from app.audit.models import AuditFilter, AuditRow, ChainHead, Checkpoint, Gap, Seal
+from app.audit.models import Anchor, AuditFilter, AuditRow, ChainHead, Checkpoint, Gap, Seal
 from app.db import Connection, Insert, Record
 
 
@@ -88,6 +88,28 @@ async def of_call(conn: Connection, call_id: str) -> list[AuditRow]:
     return [_row(r) for r in await conn.fetch(sql, call_id)]
 
 
+SLACK = "10 seconds"
+"""How far ``at`` may run behind ``seq``: both are stamped as a row is inserted, so a row
+inserted after another (a higher seq) may carry a slightly earlier time, never seconds
+earlier."""
+_FIRST_SEQ_SINCE = f"""(SELECT min(seq) FROM (
+    SELECT seq FROM audit_events WHERE at >= $0 AND at < $0 + interval '{SLACK}'
+    UNION ALL (SELECT seq FROM audit_events WHERE at >= $0 + interval '{SLACK}'
+        ORDER BY at LIMIT 1)) s)"""
+_LAST_SEQ_UNTIL = f"""(SELECT max(seq) FROM (
+    SELECT seq FROM audit_events WHERE at < $0 AND at >= $0 - interval '{SLACK}'
+    UNION ALL (SELECT seq FROM audit_events WHERE at < $0 - interval '{SLACK}'
+        ORDER BY at DESC LIMIT 1)) s)"""
+"""A time window as a seq range, found through ``audit_by_time``: the lowest seq of a row
+at or after ``since`` (any such row is among those within ``SLACK`` of it, or is the first
+one after), the highest of a row before ``until``. The filter then walks its seq-ordered
+index between the two instead of every row since the start."""
+_AT = "(at + interval '0 s')"
+"""``at`` where the page compares it: the same value, but not one ``audit_by_time`` can
+serve, so the page walks its filter's seq-ordered index between the bounds and stops after
+a page, instead of reading the whole window by time and sorting it."""
+
+
 async def page(
     conn: Connection, where: AuditFilter, after: int | None, limit: int
 ) -> list[AuditRow]:
@@ -98,14 +120,14 @@ async def page(
         if value is not None:
             params.append(value)
             conditions.append(f"{column} = ${len(params)}")
-    for column, operator, value in (
-        ("at", ">=", where.since),
-        ("at", "<", where.until),
-        ("seq", ">", after),
+    for condition, value in (
+        (f"{_AT} >= $0 AND seq >= {_FIRST_SEQ_SINCE}", where.since),
+        (f"{_AT} < $0 AND seq <= {_LAST_SEQ_UNTIL}", where.until),
+        ("seq > $0", after),
     ):
         if value is not None:
             params.append(value)
-            conditions.append(f"{column} {operator} ${len(params)}")
+            conditions.append(condition.replace("$0", f"${len(params)}"))
     params.append(limit)
     sql = (
         f"SELECT {_ROW} FROM audit_events"
@@ -127,22 +149,47 @@ async def try_lock_sealer(conn: Connection) -> bool:
     return bool(await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", SEALER_LOCK))
 
 
-async def unsealed(conn: Connection, limit: int) -> list[AuditRow]:
-    """Committed rows not sealed yet, in seq order."""
-    sql = f"SELECT {_ROW} FROM audit_events WHERE hash IS NULL ORDER BY seq LIMIT $1"
-    return [_row(r) for r in await conn.fetch(sql, limit)]
+_LATE = ", ".join(f"a.{f.name}" for f in fields(AuditRow))
+_SEALED_THROUGH = "coalesce((SELECT sealed_through FROM audit_chain), 0)"
+_LATE_IN_GAP = """LATERAL (
+    SELECT * FROM audit_events WHERE seq BETWEEN g.first_seq AND g.last_seq AND hash IS NULL
+    OFFSET 0) a"""
+"""The unsealed rows of gap ``g``, through the primary key (``OFFSET 0`` keeps the planner
+from turning this into a join that scans every row for ``hash IS NULL``)."""
+"""The chain head's ``sealed_through``, read in a statement that names ``audit_events``
+first (the lock order above)."""
+_UNSEALED = f"""
+    (SELECT {_ROW} FROM audit_events WHERE seq > {_SEALED_THROUGH} ORDER BY seq LIMIT $1)
+    UNION ALL
+    (SELECT {_LATE} FROM audit_gaps g, {_LATE_IN_GAP} WHERE g.skipped_at > $2)
+    ORDER BY seq LIMIT $1
+"""
+EVERY_GAP = datetime.min.replace(tzinfo=UTC)
 
 
-async def unsealed_count(conn: Connection) -> int:
-    return int(await conn.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL"))
+async def unsealed(
+    conn: Connection, limit: int, gaps_since: datetime = EVERY_GAP
+) -> list[AuditRow]:
+    """Up to ``limit`` committed, unsealed rows in seq order: rows above the head's
+    ``sealed_through`` (the chain moves past a seq only by sealing it or recording it as a
+    gap) and late rows inside gaps recorded after ``gaps_since``. Both through indexes
+    that hold nothing already sealed, so a pass costs the same however much history, and
+    however many dead versions of sealed rows, the table holds."""
+    rows = await conn.fetch(_UNSEALED, limit, gaps_since)
+    return [_row(r) for r in rows]
 
 
-async def stalled_count(conn: Connection, older_than_s: float) -> int:
-    """Unsealed rows inserted more than ``older_than_s`` ago."""
+async def unsealed_count(conn: Connection, older_than_s: float = 0.0) -> int:
+    """Committed rows not sealed yet, inserted more than ``older_than_s`` ago."""
     return int(
         await conn.fetchval(
-            "SELECT count(*) FROM audit_events"
-            " WHERE hash IS NULL AND at < clock_timestamp() - make_interval(secs => $1)",
+            f"""
+            WITH t AS (SELECT clock_timestamp() - make_interval(secs => $1) AS before)
+            SELECT (SELECT count(*) FROM audit_events, t
+                    WHERE seq > {_SEALED_THROUGH} AND at <= t.before)
+                + (SELECT count(*) FROM t, audit_gaps g, {_LATE_IN_GAP}
+                    WHERE a.at <= t.before)
+            """,
             older_than_s,
         )
     )
@@ -173,12 +220,14 @@ async def seal(conn: Connection, seals: Sequence[Seal]) -> None:
             sealed_at = clock_timestamp()
         FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[])
             AS s(seq, chain_pos, prev_hash, hash)
-        WHERE a.seq = s.seq AND a.hash IS NULL
+        WHERE a.seq = s.seq AND a.seq BETWEEN $5 AND $6 AND a.hash IS NULL
         """,
         [s.seq for s in seals],
         [s.chain_pos for s in seals],
         [s.prev_hash for s in seals],
         [s.hash for s in seals],
+        min(s.seq for s in seals),
+        max(s.seq for s in seals),
     )
     if status != f"UPDATE {len(seals)}":
         raise RuntimeError(f"sealing expected {len(seals)} unsealed rows, got {status!r}")
@@ -223,9 +272,10 @@ async def skipped_count(conn: Connection) -> int:
     )
 
 
-async def unaccounted(conn: Connection, head: ChainHead | None) -> tuple[int, int]:
+async def unaccounted(conn: Connection, head: ChainHead | None, anchor: Anchor) -> tuple[int, int]:
     """Rows carrying chain columns beyond ``head.chain_pos`` (sealed, yet not in the chain),
-    and seqs up to ``head.sealed_through`` neither sealed nor inside a recorded gap."""
+    and seqs up to ``head.sealed_through`` neither sealed, nor inside a recorded gap, nor
+    removed by retention (``anchor``)."""
     chain_pos, sealed_through = (head.chain_pos, head.sealed_through) if head else (0, 0)
     row = await conn.fetchrow(
         """
@@ -241,7 +291,9 @@ async def unaccounted(conn: Connection, head: ChainHead | None) -> tuple[int, in
         sealed_through,
     )
     sealed, sealed_outside_gaps, gap_seqs = row
-    return sealed - chain_pos, sealed_through - sealed_outside_gaps - int(gap_seqs)
+    in_chain = chain_pos - anchor.chain_pos
+    removed = anchor.outside_gaps
+    return sealed - in_chain, sealed_through - sealed_outside_gaps - int(gap_seqs) - removed
 
 
 async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str]:
@@ -256,3 +308,47 @@ async def chain_page(conn: Connection, after_pos: int, limit: int) -> list[Audit
     """Sealed rows after chain position ``after_pos``, in chain order."""
     sql = f"SELECT {_ROW} FROM audit_events WHERE chain_pos > $1 ORDER BY chain_pos LIMIT $2"
     return [_row(r) for r in await conn.fetch(sql, after_pos, limit)]
+
+
+async def anchor(conn: Connection) -> Anchor:
+    """Where the chain starts: after the rows retention removed, or at the genesis."""
+    row = await conn.fetchrow("SELECT chain_pos, hash, at, outside_gaps FROM audit_anchor")
+    return Anchor(*row) if row else Anchor()
+
+
+async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
+    """Remove up to ``limit`` rows from the start of the chain, all of them written before
+    ``before`` (a later one stops the batch), and move the anchor past them in the
+    same transaction: the chain left behind still verifies from the anchor, and rows are
+    never removed from its middle or its end. The number removed."""
+    rows = await conn.fetch(
+        """
+        SELECT chain_pos, hash, at FROM audit_events
+        WHERE chain_pos > coalesce((SELECT chain_pos FROM audit_anchor), 0)
+        ORDER BY chain_pos LIMIT $1
+        """,
+        limit,
+    )
+    cut = next((i for i, r in enumerate(rows) if r["at"] >= before), len(rows))
+    if not cut:
+        return 0
+    first, last = rows[0]["chain_pos"], rows[cut - 1]
+    await conn.execute(
+        """
+        INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)
+        SELECT $2, $3, $4, count(*) FROM audit_events a
+        WHERE chain_pos BETWEEN $1 AND $2 AND NOT EXISTS (
+            SELECT 1 FROM audit_gaps g WHERE a.seq BETWEEN g.first_seq AND g.last_seq)
+        ON CONFLICT (id) DO UPDATE SET chain_pos = EXCLUDED.chain_pos, hash = EXCLUDED.hash,
+            at = EXCLUDED.at, outside_gaps = audit_anchor.outside_gaps + EXCLUDED.outside_gaps,
+            updated_at = now()
+        """,
+        first,
+        last["chain_pos"],
+        last["hash"],
+        last["at"],
+    )
+    status = await conn.execute(
+        "DELETE FROM audit_events WHERE chain_pos BETWEEN $1 AND $2", first, last["chain_pos"]
+    )
+    return int(status.split()[-1])

@@ -177,6 +177,8 @@ class CallRow:
     authorized_by: dict[str, Any] | None
     taint: list[dict[str, str]] | None = None
     """What the proposal found: ``[{argument, source_call_id}]`` (``None`` before 0012)."""
+    pending_until: datetime | None = None
+    """While awaiting approval: when its approval window passes and it leaves the inbox."""
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

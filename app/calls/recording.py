@@ -8,6 +8,7 @@ asked, under which catalog) and, once its arguments passed the schema, its ``Pre
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app import recordable, telemetry
@@ -16,12 +17,21 @@ from app.calls import store
 from app.calls.models import Authorized, CallRow, Request
 from app.calls.policy import Decision, PreparedCall
 from app.calls.results import mask_arguments
+from app.catalog.models import Tool
 from app.db import Connection
 from app.errors import ToolgateError
 from app.runs import service as runs
 from app.runs.provenance import Taint
 
 PROPOSED_BY = "model"
+APPROVAL_WINDOW_S = 300
+"""How long a preview, and a call awaiting approval, stays open for a tool that names no
+``approval.ttl_s``."""
+
+
+def approval_window_s(tool: Tool) -> int:
+    """How long a request for approval stays open: the approval's ``ttl_s``."""
+    return tool.approval.ttl_s if tool.approval else APPROVAL_WINDOW_S
 
 
 def recorded_tool(request: Request) -> str:
@@ -49,6 +59,9 @@ def call_row(
 ) -> CallRow:
     """The call as stored: ``state`` defaults to ``denied`` or ``proposed``."""
     tool, target = request.tool, call.target if call else None
+    pending_until = None
+    if state == "awaiting_approval" and tool is not None:
+        pending_until = datetime.now(UTC) + timedelta(seconds=approval_window_s(tool))
     return CallRow(
         id=call_id,
         tenant=request.principal.tenant,
@@ -71,6 +84,7 @@ def call_row(
         proposed_by=PROPOSED_BY,
         authorized_by=None if error else authorized_by(request),
         taint=taint_list(decision, error),
+        pending_until=pending_until,
     )
 
 

@@ -1,47 +1,93 @@
-"""HTTP for /propose, /dry-run and /execute: parse, call the service, return.
+"""HTTP for /propose, /dry-run, /execute and a call's history: parse, call the service, return.
 
-The three decision endpoints are plain Starlette routes (``add_route``): they take the
-``Request`` and parse it themselves (``app.deps``), and FastAPI's per-route machinery
-(dependency solving, its exit stacks) cost every read CPU for nothing they use."""
+The three decision endpoints are ``DecisionRoute``s (``app.routing``): FastAPI routes whose
+signature is bound once, so a read pays for no per-request dependency solving."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
 
+from fastapi import APIRouter, Header
+
+from app import errors
 from app.calls import history, service
+from app.calls.answers import CallHistory, Execution, Preview, Proposal
 from app.calls.models import DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
-from app.deps import CurrentPrincipal, State, authenticate, read_body, state_of
-from app.responses import JSON
+from app.deps import AUTHENTICATED, CurrentPrincipal, State
+from app.responses import JSON, problems
+from app.routing import DecisionRoute, operation_id
 
+decisions = APIRouter(route_class=DecisionRoute, generate_unique_id_function=operation_id)
 router = APIRouter()
 
+AUTHORIZED = (
+    *AUTHENTICATED,
+    errors.ContentTooLarge,
+    errors.ToolForbidden,
+    errors.IdentitySpoof,
+    errors.UnknownTool,
+    errors.NotFound,
+    errors.InvalidArguments,
+    errors.TaintedArguments,
+    errors.ProviderUnavailable,
+)
+"""What authorizing a call may answer: its refusals, an unknown call or run, and an owner
+lookup that could not be made."""
+RUN_LIMITS = (errors.RunLimitExceeded, errors.RepeatedCall)
+GATED = (
+    errors.ApprovalRequired,
+    errors.ApprovalExpired,
+    errors.ApprovalRejected,
+    errors.ApprovalMismatch,
+    errors.ApprovalConsumed,
+    errors.ApprovalStale,
+    errors.DryRunRequired,
+)
 
-async def propose(request: Request) -> JSON:
-    principal = await authenticate(request)
-    body = await read_body(request, ProposeBody)
-    return JSON(await service.propose(state_of(request), principal, body))
+
+@decisions.post("/propose", response_model=Proposal, responses=problems(*AUTHORIZED, *RUN_LIMITS))
+async def propose(principal: CurrentPrincipal, state: State, body: ProposeBody) -> JSON:
+    return JSON(await service.propose(state, principal, body))
 
 
-async def dry_run(request: Request) -> JSON:
-    principal = await authenticate(request)
-    body = await read_body(request, DryRunBody)
-    return JSON(await service.dry_run(state_of(request), principal, body))
+@decisions.post(
+    "/dry-run", response_model=Preview, responses=problems(*AUTHORIZED, errors.ProviderTimeout)
+)
+async def dry_run(principal: CurrentPrincipal, state: State, body: DryRunBody) -> JSON:
+    return JSON(await service.dry_run(state, principal, body))
 
 
-async def execute(request: Request) -> JSON:
-    principal = await authenticate(request)
-    body = await read_body(request, ExecuteBody)
-    key = IdempotencyKey.parse(request.headers.get("idempotency-key"))
-    outcome = await service.execute(state_of(request), principal, body, key)
+@decisions.post(
+    "/execute",
+    response_model=Execution,
+    responses=problems(
+        *AUTHORIZED,
+        *RUN_LIMITS,
+        *GATED,
+        errors.IdempotencyKeyMissing,
+        errors.IdempotencyKeyInvalid,
+        errors.IdempotencyKeyReused,
+        errors.IdempotencyInFlight,
+        errors.ProviderTimeout,
+    ),
+)
+async def execute(
+    principal: CurrentPrincipal,
+    state: State,
+    body: ExecuteBody,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JSON:
+    """``Idempotency-Key`` is required for a mutation (checked once it is authorized)."""
+    key = IdempotencyKey.parse(idempotency_key)
+    outcome = await service.execute(state, principal, body, key)
     return JSON(outcome.body, headers=outcome.headers)
 
 
-router.add_route("/propose", propose, methods=["POST"])
-router.add_route("/dry-run", dry_run, methods=["POST"])
-router.add_route("/execute", execute, methods=["POST"])
-
-
-@router.get("/calls/{call_id}")
+@router.get(
+    "/calls/{call_id}",
+    response_model=CallHistory,
+    responses=problems(*AUTHENTICATED, errors.NotFound),
+)
 async def call_history(
     call_id: str, principal: CurrentPrincipal, state: State, wait: float | None = None
 ) -> JSON:

@@ -34,6 +34,7 @@ from app.calls.models import (
 from app.calls.recording import (
     PROPOSED_BY,
     admit_to_run,
+    approval_window_s,
     audit_event,
     authorized_by,
     call_row,
@@ -48,8 +49,6 @@ from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
 from app.state import AppState
 from app.webhooks import store as webhooks
-
-DRY_RUN_TTL_S = 300
 
 
 async def propose(state: AppState, principal: Principal, body: ProposeBody) -> dict[str, Any]:
@@ -284,7 +283,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
     call, tool = authorized.call, authorized.tool
     response = await gates.preview(state, authorized, existing.id)
     snapshot_hash = digest(response.body)
-    ttl_s = tool.approval.ttl_s if tool.approval else DRY_RUN_TTL_S
+    ttl_s = approval_window_s(tool)
     row = DryRunRow(
         id=new_id("dry"),
         call_id=existing.id,
@@ -306,6 +305,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
             existing.id,
             "awaiting_approval" if next_step == "approval" else "previewed",
             unless=FINAL if stale else SETTLED,
+            pending_until=row.expires_at if next_step == "approval" else None,
         )
         if moved and next_step == "approval" and existing.state != "awaiting_approval":
             await webhooks.announce(

@@ -3,6 +3,7 @@ the use case owns the transaction."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from app.audit.store import AuditEvent, append_after
@@ -46,15 +47,22 @@ async def set_state_with_audit(
 
 
 async def set_state(
-    conn: Connection, call_id: str, state: str, *, unless: tuple[str, ...] = ()
+    conn: Connection,
+    call_id: str,
+    state: str,
+    *,
+    unless: tuple[str, ...] = (),
+    pending_until: datetime | None = None,
 ) -> bool:
-    """Move the call to ``state``, unless it is in one of the states ``unless``; whether it
-    moved."""
+    """Move the call to ``state`` (awaiting approval until ``pending_until``), unless it is
+    in one of the states ``unless``; whether it moved."""
     status = await conn.execute(
-        "UPDATE calls SET state = $2, updated_at = now() WHERE id = $1 AND state <> ALL($3)",
+        "UPDATE calls SET state = $2, pending_until = $4, updated_at = now()"
+        " WHERE id = $1 AND state <> ALL($3)",
         call_id,
         state,
         list(unless),
+        pending_until,
     )
     return bool(status.endswith(" 1"))
 
@@ -216,9 +224,36 @@ async def postpone(conn: Connection, operation_id: str) -> None:
     )
 
 
-async def purge_expired(conn: Connection) -> int:
+async def purge_expired(conn: Connection, limit: int) -> int:
+    """Forget up to ``limit`` finished execution records past their expiry, oldest first."""
     status = await conn.execute(
-        "DELETE FROM executions WHERE state IN ('succeeded', 'failed') AND expires_at <= now()"
+        """
+        DELETE FROM executions WHERE operation_id IN (
+            SELECT operation_id FROM executions
+            WHERE state IN ('succeeded', 'failed') AND expires_at <= now()
+            ORDER BY expires_at LIMIT $1)
+        """,
+        limit,
+    )
+    return int(status.split()[-1])
+
+
+async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
+    """Remove up to ``limit`` calls made before ``before``, oldest first, with their
+    dry-runs and approvals; a call an execution record still names stays until the record
+    expires (it answers replays). The number of calls removed."""
+    status = await conn.execute(
+        """
+        WITH doomed AS (
+            SELECT id FROM calls c WHERE created_at < $1
+                AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.call_id = c.id)
+            ORDER BY created_at LIMIT $2),
+        previews AS (DELETE FROM dry_runs WHERE call_id IN (SELECT id FROM doomed)),
+        decisions AS (DELETE FROM approvals WHERE call_id IN (SELECT id FROM doomed))
+        DELETE FROM calls WHERE id IN (SELECT id FROM doomed)
+        """,
+        before,
+        limit,
     )
     return int(status.split()[-1])
 

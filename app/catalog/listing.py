@@ -9,12 +9,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 from app.auth.principal import Principal
 from app.catalog.models import Catalog, Tool
 from app.errors import InvalidRequest
 
 Format = Literal["raw", "openai", "openai-responses", "anthropic", "mcp"]
 STRICT_FORMATS = ("openai", "openai-responses")
+
+
+class Listing(BaseModel):
+    """``GET /catalog``: each tool shaped as ``format`` says (``raw``: toolgate's own view,
+    with ``mutation``, ``impact`` and ``dry_run``; the others as each ecosystem expects)."""
+
+    policy_version: str
+    tools: list[dict[str, Any]]
 
 
 def usable(tool: Tool, principal: Principal) -> bool:

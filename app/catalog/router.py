@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.catalog.listing import Format, listing
-from app.deps import CurrentPrincipal, State
-from app.responses import JSON
+from app.catalog.listing import Format, Listing, listing
+from app.deps import AUTHENTICATED, CurrentPrincipal, State
+from app.responses import JSON, problems
 
 router = APIRouter()
 
 
-@router.get("/catalog")
+@router.get("/catalog", response_model=Listing, responses=problems(*AUTHENTICATED))
 async def catalog(
     principal: CurrentPrincipal, state: State, format: Format = "raw", strict: bool = False
 ) -> JSON:

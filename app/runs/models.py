@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from app.bodies import Body, Text
 
@@ -80,3 +80,48 @@ class RunCall:
     state: str
     impact: str | None
     created_at: datetime
+
+
+# --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------
+
+
+class RunLimits(BaseModel):
+    max_calls: int
+    max_seconds: int
+    max_cost: float
+    max_repeats: int
+    max_failures: int
+
+
+class RunCreated(BaseModel):
+    """``POST /runs``: the run, with the limits in force (never above the server's)."""
+
+    run_id: str
+    status: Literal["active"]
+    limits: RunLimits
+
+
+class RunCounters(BaseModel):
+    calls: int
+    cost: float
+    failures: int
+    seconds: float
+
+
+class Run(BaseModel):
+    """``GET /runs/{run_id}`` and ``POST /runs/{run_id}/finish``. An ended run also has
+    ``reason``, ``recoverable`` and ``limit`` (the limit that ended it, if one did)."""
+
+    run_id: str
+    task: str | None
+    status: Literal[
+        "active", "awaiting_approval", "completed", "needs_clarification", "handed_off", "failed"
+    ]
+    limits: RunLimits
+    counters: RunCounters
+    calls: list[RunCall]
+    created_at: datetime | None
+    finished_at: datetime | None
+    reason: str | None = None
+    recoverable: bool | None = None
+    limit: str | None = None

@@ -4,25 +4,36 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.deps import CurrentPrincipal, State
-from app.responses import JSON
+from app.deps import AUTHENTICATED, CurrentPrincipal, State
+from app.errors import ContentTooLarge, NotFound
+from app.responses import JSON, problems
 from app.runs import service
-from app.runs.models import FinishBody, RunBody
+from app.runs.models import FinishBody, Run, RunBody, RunCreated
 
 router = APIRouter()
 
 
-@router.post("/runs")
-async def create(principal: CurrentPrincipal, state: State, body: RunBody | None = None) -> JSON:
+@router.post(
+    "/runs", response_model=RunCreated, responses=problems(*AUTHENTICATED, ContentTooLarge)
+)
+async def create_run(
+    principal: CurrentPrincipal, state: State, body: RunBody | None = None
+) -> JSON:
     """The body is optional: a run with no task and the server's limits."""
     return JSON(await service.create(state, principal, body or RunBody()))
 
 
-@router.get("/runs/{run_id}")
-async def read(run_id: str, principal: CurrentPrincipal, state: State) -> JSON:
+@router.get("/runs/{run_id}", response_model=Run, responses=problems(*AUTHENTICATED, NotFound))
+async def read_run(run_id: str, principal: CurrentPrincipal, state: State) -> JSON:
     return JSON(await service.read(state, principal, run_id))
 
 
-@router.post("/runs/{run_id}/finish")
-async def finish(run_id: str, body: FinishBody, principal: CurrentPrincipal, state: State) -> JSON:
+@router.post(
+    "/runs/{run_id}/finish",
+    response_model=Run,
+    responses=problems(*AUTHENTICATED, ContentTooLarge, NotFound),
+)
+async def finish_run(
+    run_id: str, body: FinishBody, principal: CurrentPrincipal, state: State
+) -> JSON:
     return JSON(await service.finish(state, principal, run_id, body))

@@ -3,6 +3,8 @@ parallel calls."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from app.db import Connection, Insert
 from app.runs.models import RunCall, RunRow
 
@@ -186,19 +188,46 @@ async def recall(
     return rows[0]["task"], rows[0]["forgotten_after"], found
 
 
-async def purge_memories(conn: Connection) -> int:
-    """Drop what runs that have ended (or outlived their max_seconds) remembered, in one
-    statement; the number of windows dropped. Only runs that remember anything are read."""
+_ENDED = """
+    SELECT m.run_id FROM run_memory m LEFT JOIN runs r ON r.id = m.run_id
+    WHERE r.id IS NULL OR r.status <> 'active'
+       OR now() > r.created_at + make_interval(secs => r.max_seconds)
+"""
+"""Runs that remember something and have ended, outlived their max_seconds, or are gone."""
+
+
+async def forget_ended(conn: Connection, limit: int) -> int:
+    """Forget up to ``limit`` windows that ended runs remembered; a run's memory goes with
+    its last window. The number of windows forgotten."""
+    status = await conn.execute(
+        f"""
+        DELETE FROM run_windows WHERE (run_id, window_id) IN (
+            SELECT run_id, window_id FROM run_windows
+            WHERE run_id IN ({_ENDED}) LIMIT $1)
+        """,
+        limit,
+    )
+    forgotten = int(status.split()[-1])
+    if forgotten < limit:
+        await conn.execute(
+            f"""
+            DELETE FROM run_memory WHERE run_id IN ({_ENDED})
+            AND NOT EXISTS (SELECT 1 FROM run_windows w WHERE w.run_id = run_memory.run_id)
+            """
+        )
+    return forgotten
+
+
+async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
+    """Remove up to ``limit`` runs started before ``before``, oldest first, with their repeat
+    counters. The number removed."""
     status = await conn.execute(
         """
-        WITH done AS (
-            SELECT m.run_id FROM run_memory m JOIN runs r ON r.id = m.run_id
-            WHERE r.status <> 'active'
-               OR now() > r.created_at + make_interval(secs => r.max_seconds)
-        ), memories AS (
-            DELETE FROM run_memory WHERE run_id IN (SELECT run_id FROM done)
-        )
-        DELETE FROM run_windows WHERE run_id IN (SELECT run_id FROM done)
-        """
+        WITH doomed AS (SELECT id FROM runs WHERE created_at < $1 ORDER BY created_at LIMIT $2),
+        repeats AS (DELETE FROM run_repeats WHERE run_id IN (SELECT id FROM doomed))
+        DELETE FROM runs WHERE id IN (SELECT id FROM doomed)
+        """,
+        before,
+        limit,
     )
-    return int(status.rsplit(" ", 1)[1])
+    return int(status.split()[-1])

@@ -92,3 +92,17 @@ async def retry(conn: Connection, delivery_id: str, delay_s: float, error: str) 
 
 async def drop(conn: Connection, delivery_id: str) -> None:
     await conn.execute("DELETE FROM webhook_outbox WHERE id = $1", delivery_id)
+
+
+async def remove_delivered_before(conn: Connection, before: datetime, limit: int) -> int:
+    """Remove up to ``limit`` deliveries the endpoint accepted before ``before``."""
+    status = await conn.execute(
+        """
+        DELETE FROM webhook_outbox WHERE id IN (
+            SELECT id FROM webhook_outbox WHERE delivered_at < $1
+            ORDER BY delivered_at LIMIT $2)
+        """,
+        before,
+        limit,
+    )
+    return int(status.split()[-1])

@@ -1,0 +1,105 @@
+"""The tracer provider: set up once per process, exporting OTLP/HTTP when configured.
+
+A request span is always created, so trace ids propagate; spans leave the process only when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) is set, through a
+``BatchSpanProcessor`` whose exporter thread keeps network I/O off the event loop, sampled as
+``OTEL_TRACES_SAMPLER`` says. Until a span processor is installed spans are non-recording
+(``WhileExporting``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi.telemetry import TelemetryConfig
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+)
+
+DEFAULT_SERVICE_NAME = "toolgate"
+FASTAPI_OFF: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+"""For ``FastAPI(telemetry=...)``: its built-in spans would duplicate ``TelemetryMiddleware``'s
+and add two per request (dependencies, endpoint); its metrics would need an OTel meter."""
+tracer: trace.Tracer = trace.get_tracer("toolgate")
+"""The process's tracer, once ``setup`` has run: request and provider spans start here."""
+
+
+class WhileExporting(Sampler):
+    """Record spans only once something can export them.
+
+    Before ``add_span_processor``: a span is recorded only under a caller's sampled parent, so
+    the caller's trace stays sampled for the providers downstream; every other span is
+    non-recording but still has ids. After: the SDK's sampler from ``OTEL_TRACES_SAMPLER``
+    decides (parent-based and always on unless set).
+    """
+
+    def __init__(self) -> None:
+        self.exporting = False
+        self._idle = ParentBased(ALWAYS_OFF)
+        # The SDK reads OTEL_TRACES_SAMPLER (and _ARG) when it is given no sampler.
+        self._on = TracerProvider(shutdown_on_exit=False).sampler
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        return (self._on if self.exporting else self._idle).should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return "WhileExporting"
+
+
+def setup(env: Mapping[str, str]) -> None:
+    """Install the SDK tracer provider once per process (later calls reuse it)."""
+    global tracer
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = build_provider(env)
+        trace.set_tracer_provider(provider)
+    tracer = provider.get_tracer("toolgate")
+
+
+def add_span_processor(provider: TracerProvider, processor: SpanProcessor) -> None:
+    """Export spans through ``processor`` from now on, recording them if they were not."""
+    provider.add_span_processor(processor)
+    if isinstance(provider.sampler, WhileExporting):
+        provider.sampler.exporting = True
+
+
+async def flush(timeout_s: float = 5.0) -> None:
+    """Export the spans still batched, at shutdown: uvicorn re-raises SIGTERM once it has
+    stopped, so the process ends without running ``atexit`` hooks."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        await asyncio.to_thread(provider.force_flush, int(timeout_s * 1000))
+
+
+def build_provider(env: Mapping[str, str]) -> TracerProvider:
+    """A tracer provider named by ``OTEL_SERVICE_NAME``, exporting OTLP/HTTP if configured."""
+    name = env.get("OTEL_SERVICE_NAME", "").strip() or DEFAULT_SERVICE_NAME
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": name}), sampler=WhileExporting()
+    )
+    endpoint = otlp_endpoint(env)
+    if endpoint is not None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        add_span_processor(provider, BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    return provider
+
+
+def otlp_endpoint(env: Mapping[str, str]) -> str | None:
+    """The traces URL, as the OTLP/HTTP exporter derives it from the standard variables."""
+    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return None
+    traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if traces:
+        return traces
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    return base.rstrip("/") + "/v1/traces" if base else None

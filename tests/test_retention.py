@@ -1,0 +1,210 @@
+"""Retention: old history leaves in small batches, by one purger at a time, and the audit
+chain left behind still verifies from its anchor. Against real PostgreSQL, through the app
+for the rows a call leaves."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from app import retention
+from app.audit import sealer
+from app.audit.service import verify
+from app.audit.store import AuditEvent, append
+from app.db import Database
+from app.settings import ConfigError, Settings
+from tests.flows import Flow, new_key
+
+DAYS = 90
+KEEP_AUDIT = 400
+
+
+def kept(settings: Settings, audit_days: int = 0) -> Settings:
+    return Settings.from_env(
+        {
+            **settings.env,
+            "TOOLGATE_RETENTION_DAYS": str(DAYS),
+            "TOOLGATE_AUDIT_RETENTION_DAYS": str(audit_days),
+        }
+    )
+
+
+async def age(db: asyncpg.Connection, call_id: str, days: int) -> None:
+    """As if the call and what hangs off it were made ``days`` ago."""
+    for table, column in (("calls", "id"), ("dry_runs", "call_id"), ("approvals", "call_id")):
+        await db.execute(
+            f"UPDATE {table} SET created_at = created_at - make_interval(days => $2)"
+            f" WHERE {column} = $1",
+            call_id,
+            days,
+        )
+
+
+async def counts(db: asyncpg.Connection) -> dict[str, int]:
+    return {
+        table: await db.fetchval(f"SELECT count(*) FROM {table}")
+        for table in ("calls", "dry_runs", "approvals", "executions", "runs")
+    }
+
+
+@pytest.fixture(autouse=True)
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of two rows, so that every removal here takes several."""
+    monkeypatch.setattr(retention, "BATCH", 2)
+
+
+async def test_old_calls_leave_with_their_previews_and_approvals_in_small_batches(
+    flow: Flow,
+    db: asyncpg.Connection,
+    database: Database,
+    settings: Settings,
+) -> None:
+    old = []
+    for amount in (150.0, 160.0, 170.0):
+        proposal, _ = await flow.approved_refund(amount)
+        old.append(proposal["call_id"])
+    recent, _ = await flow.approved_refund(180.0)
+    executed = await flow.execute("create_ticket", {"subject": "s", "body": "b"}, new_key())
+    run = await flow.post("/runs", {"task": "t"})
+    for call_id in [*old, executed.json()["call_id"]]:
+        await age(db, call_id, DAYS + 1)
+    await db.execute("UPDATE runs SET created_at = created_at - interval '91 days'")
+    before = await counts(db)
+
+    removed = await retention.purge(database, kept(settings), pause_s=0)
+
+    assert removed == {"calls": 3, "runs": 1}
+    after = await counts(db)
+    assert after == {
+        "calls": before["calls"] - 3,
+        "dry_runs": before["dry_runs"] - 3,
+        "approvals": before["approvals"] - 3,
+        "executions": before["executions"],
+        "runs": 0,
+    }
+    left = {r["id"] for r in await db.fetch("SELECT id FROM calls")}
+    assert left == {recent["call_id"], executed.json()["call_id"]}, "its record still replays"
+    assert run.status_code == 200
+    assert await db.fetchval("SELECT count(*) FROM audit_events") > 0, "the audit trail stays"
+    assert await retention.purge(database, kept(settings), pause_s=0) == {}
+
+
+async def test_expired_execution_records_leave_in_batches_and_then_their_calls(
+    flow: Flow,
+    db: asyncpg.Connection,
+    database: Database,
+    settings: Settings,
+) -> None:
+    calls = []
+    for _ in range(3):
+        answer = await flow.execute("create_ticket", {"subject": "s", "body": "b"}, new_key())
+        calls.append(answer.json()["call_id"])
+        await age(db, calls[-1], DAYS + 1)
+    await db.execute("UPDATE executions SET expires_at = now() - interval '1 second'")
+
+    removed = await retention.purge(database, kept(settings), pause_s=0)
+
+    assert removed == {"execution records": 3, "calls": 3}
+    assert await counts(db) == dict.fromkeys(
+        ("calls", "dry_runs", "approvals", "executions", "runs"), 0
+    )
+
+
+async def test_one_purger_at_a_time(
+    flow: Flow, db: asyncpg.Connection, database: Database, settings: Settings, database_url: str
+) -> None:
+    proposal = await flow.propose("get_order", {"order_id": "ord_1"})
+    await age(db, proposal["call_id"], DAYS + 1)
+    other = await asyncpg.connect(database_url)
+    try:
+        await other.execute("SELECT pg_advisory_lock($1)", retention.PURGE_LOCK)
+        assert await retention.purge(database, kept(settings), pause_s=0) is None
+        assert await db.fetchval("SELECT count(*) FROM calls") == 1
+    finally:
+        await other.close()
+    assert await retention.purge(database, kept(settings), pause_s=0) == {"calls": 1}
+
+
+def row(number: int) -> AuditEvent:
+    return AuditEvent(event="proposed", tenant="acme", actor="alice", call_id=f"call_{number}")
+
+
+async def sealed(database: Database) -> None:
+    while (await sealer.seal_pending(database, grace_s=0.0)).busy:
+        await asyncio.sleep(0.01)
+
+
+async def test_audit_rows_leave_from_the_start_of_the_chain_which_still_verifies(
+    db: asyncpg.Connection,
+    database: Database,
+    settings: Settings,
+) -> None:
+    for number in range(6):
+        await append(db, row(number))
+    await asyncio.sleep(0.01)
+    middle: datetime = await db.fetchval("SELECT clock_timestamp()")
+    await asyncio.sleep(0.01)
+    for number in range(6, 10):
+        await append(db, row(number))
+    await sealed(database)
+    as_of = middle + timedelta(days=KEEP_AUDIT)
+
+    removed = await retention.purge(database, kept(settings, KEEP_AUDIT), as_of, pause_s=0)
+
+    assert removed is not None
+    assert removed["audit rows"] == 6
+    left = [r["chain_pos"] for r in await db.fetch("SELECT chain_pos FROM audit_events")]
+    assert sorted(left) == [7, 8, 9, 10]
+    report = await verify(database)
+    assert (report.ok, report.checked, report.removed_through) == (True, 4, 6), report
+    assert report.sealed_through == 10
+    # The chain goes on from there, and stays verifiable.
+    await append(db, row(10))
+    await sealed(database)
+    report = await verify(database)
+    assert (report.ok, report.checked) == (True, 5), report
+    # Rows past the anchor are still append-only, and an edit past it is still found.
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await db.execute("DELETE FROM audit_events WHERE chain_pos = 7")
+    async with db.transaction():
+        await db.execute("SET LOCAL session_replication_role = replica")
+        await db.execute("UPDATE audit_events SET actor = 'mallory' WHERE chain_pos = 8")
+    report = await verify(database)
+    assert not report.ok
+    assert report.first_broken is not None
+    assert report.first_broken.chain_pos == 8
+
+
+async def test_audit_rows_are_kept_by_default(
+    db: asyncpg.Connection, database: Database, settings: Settings
+) -> None:
+    await append(db, row(1))
+    await sealed(database)
+    far = datetime.now(UTC) + timedelta(days=10 * 365)
+    assert await retention.purge(database, kept(settings), far, pause_s=0) == {}
+    assert await db.fetchval("SELECT count(*) FROM audit_events") == 1
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"TOOLGATE_RETENTION_DAYS": "90", "TOOLGATE_AUDIT_RETENTION_DAYS": "30"}, "longest"),
+        ({"TOOLGATE_RETENTION_DAYS": "0", "TOOLGATE_AUDIT_RETENTION_DAYS": "400"}, "longest"),
+        ({"TOOLGATE_RETENTION_DAYS": "ninety"}, "whole number of days"),
+        ({"TOOLGATE_WEBHOOK_RETENTION_DAYS": "-1"}, "whole number of days"),
+    ],
+)
+def test_retention_settings_that_would_lose_the_audit_trail_first_are_refused(
+    variables: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env(variables)
+
+
+def test_retention_defaults_keep_the_audit_trail() -> None:
+    settings = Settings.from_env({})
+    assert (settings.retention_days, settings.audit_retention_days) == (90, 0)
+    assert settings.webhook_retention_days == 7
