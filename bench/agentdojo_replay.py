@@ -325,6 +325,7 @@ def main() -> int:
         try:
             tallies = measure(ns, nonce, log_dir)
         except KeyboardInterrupt:
+            shutil.rmtree(log_dir, ignore_errors=True)
             print("\ninterrupted; cleaned up", file=sys.stderr)
             return 1
         except BenchError as exc:
