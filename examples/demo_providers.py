@@ -481,12 +481,14 @@ def build_app() -> web.Application:
     return app
 
 
-def serve_in_background(host: str, port: int) -> Callable[[], None]:
-    """The providers on an event loop of their own in a daemon thread (``toolgate demo``
-    runs them inside its process, so nothing outlives it); returns the function that stops
-    them. ``OSError`` when the port is taken."""
+def serve_in_background(
+    host: str, port: int, app: web.Application | None = None
+) -> Callable[[], None]:
+    """The providers (or another ``app``) on an event loop of their own in a daemon thread
+    (``toolgate demo`` runs them inside its process, so nothing outlives it); returns the
+    function that stops them. ``OSError`` when the port is taken."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(build_app())
+    runner = web.AppRunner(build_app() if app is None else app)
     try:
         loop.run_until_complete(runner.setup())
         loop.run_until_complete(web.TCPSite(runner, host, port).start())

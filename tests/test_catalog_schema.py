@@ -38,6 +38,7 @@ def shipped_catalogs() -> dict[str, str]:
         "demo": (ROOT / "catalog" / "demo.yaml").read_text(),
         "tests": BASE,
         "kubernetes": configmap["data"]["catalog.yaml"],
+        "agentdojo replay": (ROOT / "bench" / "agentdojo_banking.yaml").read_text(),
     }
 
 
