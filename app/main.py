@@ -31,7 +31,7 @@ from app.catalog import router as catalog
 from app.catalog.loader import CatalogError, load
 from app.console import apidocs
 from app.console import router as console
-from app.console.cors import CrossOrigin
+from app.console.cors import CrossOrigin, error_headers
 from app.db import Database, pending_migrations
 from app.deps import malformed
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
@@ -190,10 +190,10 @@ def _too_large() -> ToolgateError:
     return ContentTooLarge(f"the request body is larger than {MAX_BODY_BYTES} bytes")
 
 
-def unexpected() -> JSON:
+def unexpected(headers: dict[str, str] | None = None) -> JSON:
     """The answer to an exception nothing expected: a 500 problem, never a plain-text body,
     and nothing of the exception in it."""
-    return problem(ToolgateError("an unexpected error occurred; it has been logged"))
+    return problem(ToolgateError("an unexpected error occurred; it has been logged"), headers)
 
 
 class Toolgate(FastAPI):
@@ -255,7 +255,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception) -> Any:
-        return unexpected()
+        return unexpected(error_headers(settings.cors_origins, request.headers.get("origin")))
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, error: HTTPException) -> Any:

@@ -5,6 +5,7 @@ here raise on purpose."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -22,8 +23,7 @@ async def explode() -> Any:
     raise RuntimeError(SECRET_DETAIL)
 
 
-@pytest.fixture
-def exploding(settings: Settings) -> FastAPI:
+def exploding_app(settings: Settings) -> FastAPI:
     """The app with one route that raises as a ``DecisionRoute`` and one as FastAPI's own."""
     app = create_app(settings)
     app.router.add_api_route(
@@ -31,6 +31,11 @@ def exploding(settings: Settings) -> FastAPI:
     )
     app.add_api_route("/explode", explode, methods=["GET"])
     return app
+
+
+@pytest.fixture
+def exploding(settings: Settings) -> FastAPI:
+    return exploding_app(settings)
 
 
 async def request(app: FastAPI, method: str, *, raise_app_exceptions: bool) -> httpx.Response:
@@ -63,3 +68,22 @@ async def test_the_exploding_app_serves_its_other_routes(exploding: FastAPI) -> 
     transport = httpx.ASGITransport(app=exploding)
     async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as client:
         assert (await client.get("/healthz")).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"], ids=["decision_route", "fastapi"])
+async def test_a_500_problem_is_readable_by_a_console_hosted_elsewhere(
+    settings: Settings, method: str
+) -> None:
+    """The error layer that renders a 500 wraps every middleware, cross-origin included, so
+    the problem carries the cross-origin headers itself: for an allowed origin only."""
+    app = exploding_app(replace(settings, cors_origins=("https://console.example",)))
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as client:
+        allowed = await client.request(
+            method, "/explode", headers={"Origin": "https://console.example"}
+        )
+        other = await client.request(method, "/explode", headers={"Origin": "https://evil.example"})
+    assert allowed.status_code == other.status_code == 500
+    assert allowed.json()["code"] == "internal_error"
+    assert allowed.headers["access-control-allow-origin"] == "https://console.example"
+    assert "access-control-allow-origin" not in other.headers

@@ -21,6 +21,19 @@ HEADERS = ("authorization", "content-type", "idempotency-key")
 EXPOSED = ("idempotent-replayed", "www-authenticate")
 
 
+def error_headers(origins: tuple[str, ...], origin: str | None) -> dict[str, str]:
+    """The cross-origin headers of a 500 problem: Starlette's error layer renders it, and
+    that layer wraps every middleware, this one included. Without them a console hosted
+    elsewhere could not read the problem (``internal_error``)."""
+    if origin is None or origin not in origins:
+        return {}
+    return {
+        "Access-Control-Allow-Origin": origin,
+        "Access-Control-Expose-Headers": ", ".join(EXPOSED),
+        "Vary": "Origin",
+    }
+
+
 class CrossOrigin(CORSMiddleware):
     def __init__(self, app: ASGIApp, origins: tuple[str, ...]) -> None:
         super().__init__(
