@@ -122,12 +122,12 @@ FROM h WHERE previewed ORDER BY i;
 
 INSERT INTO approvals (id, call_id, decision, approver, comment, actor, tenant, tool,
     target_type, target_id, policy_version, fingerprint, snapshot_hash, created_at,
-    expires_at, consumed_by, consumed_at)
+    expires_at, consumed_by, consumed_at, latest)
 SELECT 'apr_' || stamp || noise, call_id, 'approve', 'lead', NULL, actor, tenant, tool,
     'order', 'ord_' || (i % 100000), '2026-11-29#9f2c1a', 'sha256:' || md5('f' || i),
     CASE WHEN previewed THEN 'sha256:' || md5('s' || i) || md5('t' || i) END,
     at + interval '30 seconds', at + interval '330 seconds', 'op_' || stamp || noise,
-    at + interval '40 seconds'
+    at + interval '40 seconds', true
 FROM h WHERE approved ORDER BY i;
 
 INSERT INTO executions (operation_id, tenant, actor, idempotency_key, call_id, tool,

@@ -7,8 +7,8 @@ database loaded by ``bench/history.py`` (or an empty one).
 Starts the demo providers and ``toolgate serve --workers 1`` on the database, then:
 
 1. **ops queries**: each ``GET /audit`` filter of the API (as an auditor of the big tenant
-   and as an admin), deep pages, ``GET /approvals?status=pending`` and two exports, each
-   timed once cold and then ``--repeat`` times (p50, p90);
+   and as an admin), deep pages, ``GET /approvals`` in each status (and a deep page) and two
+   exports, each timed once cold and then ``--repeat`` times (p50, p90);
 2. **the hot path**: ``bench/run.py``'s read and mutation workloads under wrk, the same
    warm-up and measured runs;
 3. **heavy reads beside it**: the read workload again while a client keeps exporting the
@@ -129,6 +129,7 @@ def _rfc3339(at: datetime) -> str:
 def ops_queries(s: dict[str, str]) -> list[tuple[str, str, str]]:
     """(who, label, path): every documented filter of GET /audit, alone and combined."""
     deep = cursors.encode(int(s["seq"]))
+    inbox_deep = cursors.encode(s["since"].replace("Z", "+00:00"), s["call_id"])
     window = {"since": s["since"], "until": s["until"]}
     audit = "/audit?"
     return [
@@ -160,8 +161,16 @@ def ops_queries(s: dict[str, str]) -> list[tuple[str, str, str]]:
         ("admin", "admin: event=expired", audit + "event=expired"),
         ("admin", "admin: small tenant", audit + urlencode({"tenant": s["small"]})),
         ("admin", "admin: one day", audit + urlencode(window)),
-        ("approver", "approvals status=pending", "/approvals?status=pending"),
-        ("approver", "approvals status=approved", "/approvals?status=approved"),
+        ("approver", "approvals (no status: pending)", "/approvals"),
+        *(
+            ("approver", f"approvals status={status}", f"/approvals?status={status}")
+            for status in ("pending", "approved", "rejected", "expired")
+        ),
+        (
+            "approver",
+            "approvals status=approved, deep",
+            "/approvals?" + urlencode({"status": "approved", "cursor": inbox_deep}),
+        ),
         ("auditor", "export event=expired", "/audit/export?event=expired"),
         ("auditor", "export one day", "/audit/export?" + urlencode(window)),
     ]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -277,42 +279,60 @@ async def test_an_expired_dry_run_blocks_an_approved_call(
     assert await effects(providers) == 1
 
 
-async def test_the_migration_keeps_the_first_of_several_rejections(admin_dsn: str) -> None:
-    """A database that collected several rejections of one call before 0006 migrates, and
-    afterwards refuses a second rejection."""
-    async with fresh_database(admin_dsn, f"toolgate_test_{RUN}_0006") as url:
+@asynccontextmanager
+async def before_migration(
+    admin_dsn: str, version: str, undo: str, calls: dict[str, str]
+) -> AsyncIterator[tuple[str, asyncpg.Connection]]:
+    """A fresh database as it was before migration ``version``: ``undo`` reverts its schema
+    change, the migration is no longer recorded as applied, and it holds refunds of alice
+    in acme, ``calls`` (id: state)."""
+    async with fresh_database(admin_dsn, f"toolgate_test_{RUN}_{version}") as url:
         conn = await asyncpg.connect(url)
         try:
-            await conn.execute("DROP INDEX approvals_one_rejection")
-            await conn.execute("DELETE FROM schema_migrations WHERE version LIKE '0006_%'")
+            await conn.execute(undo)
             await conn.execute(
+                "DELETE FROM schema_migrations WHERE version LIKE $1", f"{version}_%"
+            )
+            await conn.executemany(
                 """
                 INSERT INTO calls (id, tenant, actor, tool, decision, state, policy_version,
                                    proposed_by)
-                VALUES ('call_1', 'acme', 'alice', 'issue_refund', 'allow', 'rejected', 'v',
-                        'model');
-                INSERT INTO approvals (id, call_id, decision, approver, actor, tenant, tool,
-                                       policy_version, fingerprint, created_at, expires_at)
-                SELECT 'apr_' || n, 'call_1', d, 'bob', 'alice', 'acme', 'issue_refund', 'v',
-                       'sha256:f', now() + n * interval '1 second', now()
-                FROM (VALUES (1, 'reject'), (2, 'approve'), (3, 'reject')) AS r(n, d);
-                """
+                VALUES ($1, 'acme', 'alice', 'issue_refund', 'allow', $2, 'v', 'model')
+                """,
+                list(calls.items()),
             )
-            assert await migrate(url) == [v for v, _ in migration_files() if v.startswith("0006")]
-            rows = await conn.fetch("SELECT id, decision FROM approvals ORDER BY id")
-            assert Counter(r["decision"] for r in rows) == {"reject": 1, "approve": 1}
-            assert [r["id"] for r in rows if r["decision"] == "reject"] == ["apr_1"]
-            with pytest.raises(asyncpg.UniqueViolationError):
-                await conn.execute(
-                    """
-                    INSERT INTO approvals (id, call_id, decision, approver, actor, tenant, tool,
-                                           policy_version, fingerprint, expires_at)
-                    VALUES ('apr_4', 'call_1', 'reject', 'frank', 'alice', 'acme',
-                            'issue_refund', 'v', 'sha256:f', now())
-                    """
-                )
+            yield url, conn
         finally:
             await conn.close()
+
+
+async def test_the_migration_keeps_the_first_of_several_rejections(admin_dsn: str) -> None:
+    """A database that collected several rejections of one call before 0006 migrates, and
+    afterwards refuses a second rejection."""
+    undo = "DROP INDEX approvals_one_rejection"
+    async with before_migration(admin_dsn, "0006", undo, {"call_1": "rejected"}) as (url, conn):
+        await conn.execute(
+            """
+            INSERT INTO approvals (id, call_id, decision, approver, actor, tenant, tool,
+                                   policy_version, fingerprint, created_at, expires_at)
+            SELECT 'apr_' || n, 'call_1', d, 'bob', 'alice', 'acme', 'issue_refund', 'v',
+                   'sha256:f', now() + n * interval '1 second', now()
+            FROM (VALUES (1, 'reject'), (2, 'approve'), (3, 'reject')) AS r(n, d);
+            """
+        )
+        assert await migrate(url) == [v for v, _ in migration_files() if v.startswith("0006")]
+        rows = await conn.fetch("SELECT id, decision FROM approvals ORDER BY id")
+        assert Counter(r["decision"] for r in rows) == {"reject": 1, "approve": 1}
+        assert [r["id"] for r in rows if r["decision"] == "reject"] == ["apr_1"]
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await conn.execute(
+                """
+                INSERT INTO approvals (id, call_id, decision, approver, actor, tenant, tool,
+                                       policy_version, fingerprint, expires_at)
+                VALUES ('apr_4', 'call_1', 'reject', 'frank', 'alice', 'acme',
+                        'issue_refund', 'v', 'sha256:f', now())
+                """
+            )
 
 
 @pytest.mark.parametrize("decision", ["approve", "reject"])
@@ -386,3 +406,65 @@ async def test_a_call_nobody_decided_leaves_the_inbox_when_its_approval_window_p
     # A new preview opens the window again.
     await flow.dry_run(refund)
     assert [i["call_id"] for i in await pending(flow.auth(**BOB))] == [refund]
+
+
+async def test_the_inbox_lists_a_call_once_by_its_latest_decision(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """Approved again after an approval expired unused, or rejected after it: the call shows
+    under its latest decision only, and a used approval stays approved once it expires."""
+
+    async def expire(call_id: str) -> None:
+        await db.execute(
+            "UPDATE approvals SET expires_at = now() - interval '1 second' WHERE call_id = $1",
+            call_id,
+        )
+
+    again, again_snapshot = await previewed(flow)
+    refused_later, refused_snapshot = await previewed(flow, 120.0)
+    for call_id, snapshot in ((again, again_snapshot), (refused_later, refused_snapshot)):
+        assert (await flow.approve(call_id, snapshot)).status_code == 200
+        await expire(call_id)
+    assert await inbox(flow, "expired") == [refused_later, again]
+    second = await flow.approve(again, again_snapshot)
+    assert second.status_code == 200, second.text
+    rejection = await flow.approve(refused_later, refused_snapshot, decision="reject")
+    assert rejection.status_code == 200, rejection.text
+    assert await inbox(flow, "approved") == [again]
+    assert await inbox(flow, "rejected") == [refused_later]
+    assert await inbox(flow, "expired") == []
+    latest = await db.fetch("SELECT call_id, decision FROM approvals WHERE latest ORDER BY id")
+    assert sorted((r["call_id"], r["decision"]) for r in latest) == sorted(
+        [(again, "approve"), (refused_later, "reject")]
+    )
+    assert await db.fetchval("SELECT count(*) FROM approvals") == 4
+
+    run = await flow.execute(
+        "issue_refund", refund_args(), new_key(), approval_id=second.json()["approval_id"]
+    )
+    assert run.json()["status"] == "succeeded", run.text
+    await expire(again)
+    assert await inbox(flow, "approved") == [again]
+    assert await inbox(flow, "expired") == []
+    assert await effects(providers) == 1
+
+
+async def test_the_migration_marks_each_calls_standing_decision(admin_dsn: str) -> None:
+    """A database from before 0014 gets `latest` on each call's rejection, or else on its
+    latest approval."""
+    undo = "ALTER TABLE approvals DROP COLUMN latest"
+    calls = {"call_1": "approved", "call_2": "rejected"}
+    async with before_migration(admin_dsn, "0014", undo, calls) as (url, conn):
+        await conn.execute(
+            """
+            INSERT INTO approvals (id, call_id, decision, approver, actor, tenant, tool,
+                                   policy_version, fingerprint, created_at, expires_at)
+            SELECT 'apr_' || n, c, d, 'bob', 'alice', 'acme', 'issue_refund', 'v',
+                   'sha256:f', now() + n * interval '1 second', now()
+            FROM (VALUES (1, 'call_1', 'approve'), (2, 'call_1', 'approve'),
+                         (3, 'call_2', 'reject'), (4, 'call_2', 'approve')) AS r(n, c, d);
+            """
+        )
+        assert await migrate(url) == [v for v, _ in migration_files() if v.startswith("0014")]
+        latest = await conn.fetch("SELECT id FROM approvals WHERE latest ORDER BY id")
+        assert [r["id"] for r in latest] == ["apr_2", "apr_3"]

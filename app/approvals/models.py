@@ -85,6 +85,7 @@ class ApprovalRow:
     consumed_by: str | None = None
     consumed_at: datetime | None = None
     created_at: datetime | None = None
+    latest: bool = True
 
     @property
     def binding(self) -> Binding:

@@ -11,6 +11,11 @@ _INSERT = Insert.of("approvals", ApprovalRow, ["created_at"])
 
 
 async def insert(conn: Connection, approval: ApprovalRow) -> None:
+    """Store a decision as its call's latest one. Under the call's lock
+    (``calls.store.lock``), so each call has one latest decision."""
+    await conn.execute(
+        "UPDATE approvals SET latest = false WHERE call_id = $1 AND latest", approval.call_id
+    )
     await conn.execute(_INSERT.sql, *_INSERT.values(approval))
 
 
@@ -70,23 +75,32 @@ _LATEST_DRY_RUN = """
         WHERE dry_runs.call_id = c.id ORDER BY created_at DESC, id LIMIT 1
     ) d ON true
 """
-_LATEST_APPROVAL = """
-    FROM (
-        SELECT DISTINCT ON (call_id) * FROM approvals WHERE tenant = $1
-        ORDER BY call_id, decision = 'reject' DESC, created_at DESC, id DESC
-    ) a JOIN calls c ON c.id = a.call_id
-"""
+
+
+def _decided(status: str, condition: str) -> str:
+    """A page of the tenant's standing decisions that meet ``condition``, newest first,
+    through the partial index of their kind (migration 0014)."""
+    return f"""(
+        SELECT call_id, snapshot_hash, created_at, expires_at, '{status}' AS status
+        FROM approvals
+        WHERE tenant = $1 AND latest AND {condition}
+          AND (created_at, call_id) < (coalesce($2::timestamptz, 'infinity'), $3)
+        ORDER BY created_at DESC, call_id DESC LIMIT $4
+    )"""
+
+
+_UNUSED = "decision = 'approve' AND consumed_by IS NULL"
+_DECIDED = {
+    "approved": [
+        _decided("approved", "decision = 'approve' AND consumed_by IS NOT NULL"),
+        _decided("approved", f"{_UNUSED} AND expires_at > now()"),
+    ],
+    "rejected": [_decided("rejected", "decision = 'reject'")],
+    "expired": [_decided("expired", f"{_UNUSED} AND expires_at <= now()")],
+}
 """Each call's standing decision: its rejection, which is final, or else its latest
-approval (a call is approved again only after its approval expired unused)."""
-_DECIDED = f"""
-    SELECT c.*, a.snapshot_hash, a.created_at AS requested_at, a.expires_at, d.snapshot,
-        CASE
-            WHEN a.decision = 'reject' THEN 'rejected'
-            WHEN a.consumed_by IS NOT NULL OR a.expires_at > now() THEN 'approved'
-            ELSE 'expired'
-        END AS status
-    {_LATEST_APPROVAL} {_LATEST_DRY_RUN}
-"""
+approval (a call is approved again only after its approval expired unused). An approval
+that was used stays approved."""
 _INBOX = {
     "pending": f"""
         SELECT c.*, 'pending' AS status, d.snapshot, d.snapshot_hash,
@@ -96,8 +110,13 @@ _INBOX = {
         WHERE c.tenant = $1 AND c.state = 'awaiting_approval' AND c.pending_until > now()
     """,
     **{
-        status: f"SELECT * FROM ({_DECIDED}) decided WHERE status = '{status}'"
-        for status in ("approved", "rejected", "expired")
+        status: f"""
+            SELECT c.*, a.snapshot_hash, a.created_at AS requested_at, a.expires_at,
+                   d.snapshot, a.status
+            FROM ({" UNION ALL ".join(pages)}) a JOIN calls c ON c.id = a.call_id
+            {_LATEST_DRY_RUN}
+        """
+        for status, pages in _DECIDED.items()
     },
 }
 
@@ -111,7 +130,7 @@ async def inbox(
         SELECT id, tool, actor, tenant, target_type, target_id, arguments, impact, snapshot,
                snapshot_hash, requested_at, expires_at, status, taint
         FROM ({_INBOX[status]}) page
-        WHERE $2::timestamptz IS NULL OR (requested_at, id) < ($2, $3)
+        WHERE (requested_at, id) < (coalesce($2::timestamptz, 'infinity'), $3)
         ORDER BY requested_at DESC, id DESC LIMIT $4
         """,
         tenant,
