@@ -1,4 +1,5 @@
-"""One error hierarchy; each class carries its HTTP status and SPEC §5 ``code``.
+"""One error hierarchy; each class carries its HTTP status and problem ``code`` (docs/api.md,
+Errors).
 
 Services raise these; ``app.main`` renders every one as RFC 9457 problem+json. ``detail``
 must never reveal another tenant's data or whether another tenant's resource exists.
@@ -23,7 +24,7 @@ class ToolgateError(Exception):
     one that could hold an argument's value."""
 
     def __init_subclass__(cls, *, status: int, code: str, title: str, **kwargs: Any) -> None:
-        """Every error class states its HTTP status, SPEC code and title where it is named."""
+        """Every error class states its HTTP status, problem code and title where it is named."""
         super().__init_subclass__(**kwargs)
         cls.status, cls.code, cls.title = status, code, title
 
@@ -137,8 +138,8 @@ class DryRunRequired(ToolgateError, status=403, code="dry_run_required", title="
 
 
 class Forbidden(ToolgateError, status=403, code="forbidden", title="Forbidden"):
-    """Not in SPEC §5: a role-gated read (the audit trail) that the caller's roles or
-    tenant do not allow."""
+    """Not among the API's error codes (docs/api.md): a role-gated read (the audit trail)
+    that the caller's roles or tenant do not allow."""
 
 
 # --- 404, 409, 422, 429: what the request names, and its state ------------------------------
@@ -228,7 +229,7 @@ class ProviderTimeout(
     failure after sending); the answer carries the operation id for reconciliation."""
 
 
-# Policy denials that are recorded as decisions (SPEC §4 /propose).
+# Policy denials that are recorded as decisions (docs/api.md, POST /propose).
 DENIALS: dict[str, type[ToolgateError]] = {
     cls.code: cls
     for cls in (ToolForbidden, IdentitySpoof, UnknownTool, InvalidArguments, TaintedArguments)

@@ -1,7 +1,7 @@
-"""Prometheus metrics and ``GET /metrics`` (SPEC §4), in the text format version 0.0.4.
+"""Prometheus metrics and ``GET /metrics`` (docs/api.md), in the text format version 0.0.4.
 
 Every label set is bounded: tools are catalog names (``unknown`` for a name the catalog does
-not hold), routes are templates (``unmatched`` when no route matched), codes are SPEC codes.
+not hold), routes are templates (``unmatched`` when no route matched), codes are problem codes.
 
 Counts are per process. With several uvicorn workers each answers for itself, so a scrape
 sees one worker at a time; set ``PROMETHEUS_MULTIPROC_DIR`` (an empty directory, read by
@@ -85,7 +85,7 @@ router = APIRouter()
     },
 )
 async def metrics() -> Response:
-    """No authentication (SPEC §4); exposition runs off the event loop."""
+    """No authentication; exposition runs off the event loop."""
     text = await asyncio.to_thread(generate_latest, _registry())
     return Response(text, media_type=CONTENT_TYPE_PLAIN_0_0_4)
 

@@ -4,7 +4,7 @@ URLs come only from the catalog: the provider's ``base_url`` plus the endpoint p
 placeholders filled from percent-encoded arguments, each inside its own segment (``policy``
 refuses values like ``..`` that no encoding confines). The URL is sent exactly as built, so
 the path the provider receives has the shape the catalog declares. Identity headers come
-from the verified principal. Transport failures are mapped to SPEC's provider errors by the
+from the verified principal. Transport failures are mapped to the API's provider errors by the
 caller, who knows whether an uncertain outcome matters.
 """
 

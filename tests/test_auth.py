@@ -1,4 +1,5 @@
-"""Session authentication (SPEC §2, §5): every bad token is a 401 that reaches nothing.
+"""Session authentication (docs/api.md, Authentication and Errors): every bad token is a 401
+that reaches nothing.
 
 HTTP tests go through the ASGI app with the HS256 test secret; verifier tests build a
 ``TokenVerifier`` directly for issuer/audience, PEM public keys and a real JWKS endpoint.

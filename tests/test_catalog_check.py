@@ -1,4 +1,4 @@
-"""What ``toolgate check`` refuses (SPEC §3), each problem located by file, line and path.
+"""What ``toolgate check`` refuses (docs/catalog.md), each problem located by file, line and path.
 
 Every case mutates ``tests.catalogs.BASE`` by one edit; expected lines are computed from the
 mutated text, so a problem must point at the line that holds the offending node.
@@ -471,7 +471,7 @@ def test_several_problems_in_one_file_are_all_reported_at_once(tmp_path: Path) -
 
 
 def test_a_shape_error_in_one_tool_does_not_hide_problems_elsewhere(tmp_path: Path) -> None:
-    """SPEC §2: ``check`` prints *every* problem, so one round of fixes is enough."""
+    """``check`` prints *every* problem, so one round of fixes is enough."""
     text = edit(
         BASE,
         "    result: {fields: [id, status]}\n",

@@ -1,4 +1,5 @@
-"""The ``toolgate`` command as a real subprocess with a controlled environment (SPEC §2).
+"""The ``toolgate`` command as a real subprocess with a controlled environment
+(docs/configuration.md).
 
 ``python -m app.cli`` runs from the repository root so the checkout under test is the one
 imported. Every subprocess has a timeout; ``serve`` must refuse bad configurations on its

@@ -42,7 +42,7 @@ class Binding:
     snapshot_hash: str | None
 
     def differences(self, other: Binding) -> list[str]:
-        """SPEC's names of the parts that differ (``arguments`` for the fingerprint)."""
+        """The API's names of the parts that differ (``arguments`` for the fingerprint)."""
         pairs = {
             "actor": (self.actor, other.actor),
             "tenant": (self.tenant, other.tenant),

@@ -1,1 +1,1 @@
-"""The audit trail: one append-only row per decision or outcome (SPEC §7)."""
+"""The audit trail: one append-only row per decision or outcome (docs/api.md, Audit)."""

@@ -2,7 +2,8 @@
 and the verification walk. No I/O here.
 
 A row's hash is ``"sha256:" + hex(sha256(JCS(document)))`` where the document is the row as
-``GET /audit`` publishes it (every SPEC §7 field, ``time`` in RFC 3339 UTC) without ``hash``
+``GET /audit`` publishes it (every field of docs/api.md's audit item, ``time`` in RFC 3339
+UTC) without ``hash``
 and with ``prev_hash``: the hash of the row sealed just before it (``GENESIS`` for the
 first). Anyone holding an export can recompute it: drop ``hash`` from an item, canonicalize,
 hash. Editing any field, or the link, changes it.

@@ -41,7 +41,7 @@ async def audit_filter(
     since: str | None = None,
     until: str | None = None,
 ) -> AuditFilter:
-    """The filters of SPEC §4 from the query; ``since`` inclusive, ``until`` exclusive."""
+    """The filters of docs/api.md from the query; ``since`` inclusive, ``until`` exclusive."""
     return AuditFilter(
         tenant=tenant,
         actor=actor,

@@ -1,4 +1,4 @@
-"""Executing a mutation exactly once (SPEC §4 /execute, §6).
+"""Executing a mutation exactly once (docs/api.md, POST /execute and execution records).
 
 PostgreSQL decides: the ``(tenant, actor, key)`` claim is unique and the approval is
 consumed by a conditional update, both in one transaction; outcomes move records only out of

@@ -1,1 +1,1 @@
-"""Runs: budgets that stop runaway agent loops (SPEC §4 Runs)."""
+"""Runs: budgets that stop runaway agent loops (docs/api.md, Runs)."""

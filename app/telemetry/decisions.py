@@ -23,7 +23,7 @@ def bind_call(attempt: CallAttempt, call_id: str) -> None:
 def decided(
     attempt: CallAttempt, call_id: str, code: str | None = None, *, quiet: bool = False
 ) -> None:
-    """Count and log one stored decision: an allow, or a denial with its SPEC ``code``.
+    """Count and log one stored decision: an allow, or a denial with its problem ``code``.
     ``quiet``: count only, as the ``executed`` line that follows says it was allowed."""
     tool = attempt.tool.name if attempt.tool is not None else metrics.UNKNOWN_TOOL
     outcome = "allow" if code is None else "deny"
