@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 from aiohttp import web
 from standardwebhooks import Webhook
@@ -105,6 +106,16 @@ async def approved_refund_executed(flow: Flow) -> None:
     assert response.status_code == 200, response.text
 
 
+async def run_ended(client: httpx.AsyncClient, auth: Any) -> None:
+    """A run started and finished: its ``run.ended`` event is in the outbox."""
+    run = await client.post("/runs", json={}, headers=auth())
+    assert run.status_code == 200, run.text
+    ended = await client.post(
+        f"/runs/{run.json()['run_id']}/finish", json={"status": "completed"}, headers=auth()
+    )
+    assert ended.status_code == 200, ended.text
+
+
 def test_own_signatures_verify_with_the_reference_library() -> None:
     headers = signing.headers(SECRET, "msg_1", 1_700_000_000, b'{"a":1}')
     with pytest.raises(Exception, match="too old"):
@@ -127,12 +138,7 @@ async def test_every_event_reaches_the_endpoint_signed(
     async with running_app(env) as client:
         flow = Flow(client, auth)
         await approved_refund_executed(flow)
-        run = await client.post("/runs", json={}, headers=auth())
-        assert run.status_code == 200, run.text
-        ended = await client.post(
-            f"/runs/{run.json()['run_id']}/finish", json={"status": "completed"}, headers=auth()
-        )
-        assert ended.status_code == 200, ended.text
+        await run_ended(client, auth)
         await until(lambda: len(endpoint.accepted) == 4)
         await asyncio.sleep(0.3)  # nothing more comes
     assert endpoint.types() == sorted(EVENTS)
@@ -156,11 +162,7 @@ async def test_an_endpoint_that_is_down_for_a_while_gets_the_event_once_it_is_ba
     endpoint.down = True
     env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
     async with running_app(env) as client:
-        run = await client.post("/runs", json={}, headers=auth())
-        ended = await client.post(
-            f"/runs/{run.json()['run_id']}/finish", json={"status": "completed"}, headers=auth()
-        )
-        assert ended.status_code == 200, ended.text
+        await run_ended(client, auth)
         await until(lambda: endpoint.refused >= 3)
         (row,) = await outbox(lone_database)
         assert row["delivered_at"] is None
