@@ -156,7 +156,8 @@ async def test_audit_rows_leave_from_the_start_of_the_chain_which_still_verifies
 
     assert removed is not None
     assert removed["audit rows"] == 6
-    left = [r["chain_pos"] for r in await db.fetch("SELECT chain_pos FROM audit_events")]
+    left = [r["chain_pos"] for r in await db.fetch("SELECT chain_pos FROM audit_seals")]
+    assert await db.fetchval("SELECT count(*) FROM audit_events") == 4
     assert sorted(left) == [7, 8, 9, 10]
     report = await verify(database)
     assert (report.ok, report.checked, report.removed_through) == (True, 4, 6), report
@@ -168,10 +169,13 @@ async def test_audit_rows_leave_from_the_start_of_the_chain_which_still_verifies
     assert (report.ok, report.checked) == (True, 5), report
     # Rows past the anchor are still append-only, and an edit past it is still found.
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
-        await db.execute("DELETE FROM audit_events WHERE chain_pos = 7")
+        await db.execute("DELETE FROM audit_seals WHERE chain_pos = 7")
     async with db.transaction():
         await db.execute("SET LOCAL session_replication_role = replica")
-        await db.execute("UPDATE audit_events SET actor = 'mallory' WHERE chain_pos = 8")
+        await db.execute(
+            "UPDATE audit_events SET actor = 'mallory'"
+            " WHERE seq = (SELECT seq FROM audit_seals WHERE chain_pos = 8)"
+        )
     report = await verify(database)
     assert not report.ok
     assert report.first_broken is not None

@@ -211,7 +211,7 @@ def _append(result: Plan, row: AuditRow, sealed_through: int) -> None:
     document = item(row)
     if fields := stood_in(document):
         result.stood_in[row.seq] = fields
-    seal = Seal(row.seq, head.chain_pos + 1, head.hash, _hash(document, head.hash))
+    seal = Seal(row.seq, row.at, head.chain_pos + 1, head.hash, _hash(document, head.hash))
     result.seals.append(seal)
     result.head = ChainHead(seal.chain_pos, seal.hash, sealed_through)
 

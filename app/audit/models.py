@@ -24,7 +24,8 @@ Event = Literal[
 
 @dataclass(frozen=True)
 class AuditRow:
-    """One ``audit_events`` row as stored; the chain columns are NULL until it is sealed."""
+    """One ``audit_events`` row as stored, with the chain columns of its ``audit_seals`` row
+    (None until it is sealed)."""
 
     seq: int
     at: datetime
@@ -119,9 +120,11 @@ class Anchor:
 
 @dataclass(frozen=True)
 class Seal:
-    """The chain columns the sealer writes onto one row."""
+    """The chain columns the sealer writes for one row (an ``audit_seals`` row)."""
 
     seq: int
+    at: datetime
+    """The sealed row's ``at``: a seal is found by ``seq`` and ``at``."""
     chain_pos: int
     prev_hash: str
     hash: str

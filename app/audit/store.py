@@ -69,11 +69,23 @@ async def append_after(
 
 
 # Reading and sealing. A transaction that touches several audit tables reads
-# ``audit_events`` first: TRUNCATE locks it before ``audit_chain``/``audit_gaps``, so the
-# same order on both sides cannot deadlock.
+# ``audit_events`` first: TRUNCATE locks it before ``audit_seals``/``audit_chain``/
+# ``audit_gaps``, so the same order on both sides cannot deadlock.
+#
+# Audit rows are never updated: the sealer inserts a row's chain columns into
+# ``audit_seals`` (same ``seq`` and ``at``), and every read of them joins the two.
 
-_ROW = ", ".join(f.name for f in fields(AuditRow))
-"""Every column of ``AuditRow``, in its field order (``_row`` builds one positionally)."""
+_CHAIN = ("chain_pos", "prev_hash", "hash", "sealed_at")
+_EVENT = ", ".join(f.name for f in fields(AuditRow) if f.name not in _CHAIN)
+"""The columns of ``audit_events``, in ``AuditRow``'s field order."""
+_ROW = ", ".join(f"{'s' if f.name in _CHAIN else 'e'}.{f.name}" for f in fields(AuditRow))
+"""Every column of ``AuditRow`` from ``_SEALED``, in its field order (``_row`` builds one
+positionally)."""
+_SEAL_OF = "s.seq = e.seq AND s.at = e.at"
+"""A row's seal: ``at`` too, so that only the seal table's part holding that time is
+looked in."""
+_SEALED = f"audit_events e LEFT JOIN audit_seals s ON {_SEAL_OF}"
+"""Audit rows with their chain columns, NULL until sealed."""
 SEALER_LOCK = 74202
 """Advisory lock key: one sealer at a time across every instance on this database."""
 
@@ -84,7 +96,7 @@ def _row(record: Record) -> AuditRow:
 
 async def of_call(conn: Connection, call_id: str) -> list[AuditRow]:
     """One call's audit rows, oldest first (GET /calls/{id})."""
-    sql = f"SELECT {_ROW} FROM audit_events WHERE call_id = $1 ORDER BY seq"
+    sql = f"SELECT {_ROW} FROM {_SEALED} WHERE e.call_id = $1 ORDER BY e.seq"
     return [_row(r) for r in await conn.fetch(sql, call_id)]
 
 
@@ -113,7 +125,8 @@ a page, instead of reading the whole window by time and sorting it."""
 async def page(
     conn: Connection, where: AuditFilter, after: int | None, limit: int
 ) -> list[AuditRow]:
-    """Rows matching ``where`` with ``seq > after``, oldest first (keyset pagination)."""
+    """Rows matching ``where`` with ``seq > after``, oldest first (keyset pagination): the
+    page is found in ``audit_events`` alone, then joined to its seals."""
     conditions, params = [], []
     for column in ("tenant", "actor", "tool", "call_id", "run_id", "event"):
         value = getattr(where, column)
@@ -130,9 +143,10 @@ async def page(
             conditions.append(condition.replace("$0", f"${len(params)}"))
     params.append(limit)
     sql = (
-        f"SELECT {_ROW} FROM audit_events"
+        f"SELECT {_ROW} FROM (SELECT * FROM audit_events"
         f"{' WHERE ' + ' AND '.join(conditions) if conditions else ''}"
-        f" ORDER BY seq LIMIT ${len(params)}"
+        f" ORDER BY seq LIMIT ${len(params)}) e LEFT JOIN audit_seals s ON {_SEAL_OF}"
+        " ORDER BY e.seq"
     )
     return [_row(r) for r in await conn.fetch(sql, *params)]
 
@@ -149,19 +163,21 @@ async def try_lock_sealer(conn: Connection) -> bool:
     return bool(await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", SEALER_LOCK))
 
 
-_LATE = ", ".join(f"a.{f.name}" for f in fields(AuditRow))
 _SEALED_THROUGH = "coalesce((SELECT sealed_through FROM audit_chain), 0)"
-_LATE_IN_GAP = """LATERAL (
-    SELECT * FROM audit_events WHERE seq BETWEEN g.first_seq AND g.last_seq AND hash IS NULL
-    OFFSET 0) a"""
-"""The unsealed rows of gap ``g``, through the primary key (``OFFSET 0`` keeps the planner
-from turning this into a join that scans every row for ``hash IS NULL``)."""
 """The chain head's ``sealed_through``, read in a statement that names ``audit_events``
-first (the lock order above)."""
+first (the lock order above). Every row above it is unsealed: the chain moves past a seq
+only by sealing it or recording it as a gap."""
+_LATE_IN_GAP = """LATERAL (
+    SELECT * FROM audit_events e WHERE seq BETWEEN g.first_seq AND g.last_seq
+        AND NOT EXISTS (SELECT 1 FROM audit_seals s WHERE s.seq = e.seq AND s.at = e.at)
+    OFFSET 0) e"""
+"""The unsealed rows of gap ``g``, through the primary keys (``OFFSET 0`` keeps the planner
+from turning this into a join over every row)."""
 _UNSEALED = f"""
-    (SELECT {_ROW} FROM audit_events WHERE seq > {_SEALED_THROUGH} ORDER BY seq LIMIT $1)
+    (SELECT {_EVENT} FROM audit_events WHERE seq > {_SEALED_THROUGH} ORDER BY seq LIMIT $1)
     UNION ALL
-    (SELECT {_LATE} FROM audit_gaps g, {_LATE_IN_GAP} WHERE g.skipped_at > $2)
+    (SELECT {", ".join(f"e.{c}" for c in _EVENT.split(", "))}
+        FROM audit_gaps g, {_LATE_IN_GAP} WHERE g.skipped_at > $2)
     ORDER BY seq LIMIT $1
 """
 EVERY_GAP = datetime.min.replace(tzinfo=UTC)
@@ -172,9 +188,9 @@ async def unsealed(
 ) -> list[AuditRow]:
     """Up to ``limit`` committed, unsealed rows in seq order: rows above the head's
     ``sealed_through`` (the chain moves past a seq only by sealing it or recording it as a
-    gap) and late rows inside gaps recorded after ``gaps_since``. Both through indexes
-    that hold nothing already sealed, so a pass costs the same however much history, and
-    however many dead versions of sealed rows, the table holds."""
+    gap) and late rows without a seal inside gaps recorded after ``gaps_since``. Both
+    through primary keys from where sealing stands, so a pass costs the same however much
+    history the tables hold."""
     rows = await conn.fetch(_UNSEALED, limit, gaps_since)
     return [_row(r) for r in rows]
 
@@ -188,7 +204,7 @@ async def unsealed_count(conn: Connection, older_than_s: float = 0.0) -> int:
             SELECT (SELECT count(*) FROM audit_events, t
                     WHERE seq > {_SEALED_THROUGH} AND at <= t.before)
                 + (SELECT count(*) FROM t, audit_gaps g, {_LATE_IN_GAP}
-                    WHERE a.at <= t.before)
+                    WHERE e.at <= t.before)
             """,
             older_than_s,
         )
@@ -212,25 +228,20 @@ async def head(conn: Connection) -> Checkpoint | None:
 
 
 async def seal(conn: Connection, seals: Sequence[Seal]) -> None:
-    """Write the chain columns; every row must still be unsealed, or nothing is written."""
-    status = await conn.execute(
+    """Insert the seals, one statement for all; a row already sealed (its seq taken) fails
+    the statement, and with it the pass."""
+    await conn.execute(
         """
-        UPDATE audit_events AS a
-        SET chain_pos = s.chain_pos, prev_hash = s.prev_hash, hash = s.hash,
-            sealed_at = clock_timestamp()
-        FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[])
-            AS s(seq, chain_pos, prev_hash, hash)
-        WHERE a.seq = s.seq AND a.seq BETWEEN $5 AND $6 AND a.hash IS NULL
+        INSERT INTO audit_seals (seq, at, chain_pos, prev_hash, hash)
+        SELECT * FROM unnest($1::bigint[], $2::timestamptz[], $3::bigint[], $4::text[],
+            $5::text[])
         """,
         [s.seq for s in seals],
+        [s.at for s in seals],
         [s.chain_pos for s in seals],
         [s.prev_hash for s in seals],
         [s.hash for s in seals],
-        min(s.seq for s in seals),
-        max(s.seq for s in seals),
     )
-    if status != f"UPDATE {len(seals)}":
-        raise RuntimeError(f"sealing expected {len(seals)} unsealed rows, got {status!r}")
 
 
 async def record_gaps(conn: Connection, gaps: Sequence[Gap]) -> None:
@@ -264,8 +275,8 @@ async def skipped_count(conn: Connection) -> int:
         await conn.fetchval(
             """
             SELECT coalesce(sum(g.last_seq - g.first_seq + 1), 0) - (
-                SELECT count(*) FROM audit_events a JOIN audit_gaps g
-                    ON a.seq BETWEEN g.first_seq AND g.last_seq)
+                SELECT count(*) FROM audit_events e JOIN audit_gaps g
+                    ON e.seq BETWEEN g.first_seq AND g.last_seq)
             FROM audit_gaps g
             """
         )
@@ -273,20 +284,19 @@ async def skipped_count(conn: Connection) -> int:
 
 
 async def unaccounted(conn: Connection, head: ChainHead | None, anchor: Anchor) -> tuple[int, int]:
-    """Rows carrying chain columns beyond ``head.chain_pos`` (sealed, yet not in the chain),
-    and seqs up to ``head.sealed_through`` neither sealed, nor inside a recorded gap, nor
-    removed by retention (``anchor``)."""
+    """Seals beyond ``head.chain_pos`` (sealed, yet not in the chain), and seqs up to
+    ``head.sealed_through`` neither sealed, nor inside a recorded gap, nor removed by
+    retention (``anchor``)."""
     chain_pos, sealed_through = (head.chain_pos, head.sealed_through) if head else (0, 0)
     row = await conn.fetchrow(
         """
         SELECT
-            count(*) FILTER (WHERE chain_pos IS NOT NULL OR prev_hash IS NOT NULL
-                OR hash IS NOT NULL OR sealed_at IS NOT NULL),
-            count(*) FILTER (WHERE hash IS NOT NULL AND seq BETWEEN 1 AND $1 AND NOT EXISTS (
-                SELECT 1 FROM audit_gaps g WHERE a.seq BETWEEN g.first_seq AND g.last_seq)),
+            count(*),
+            count(*) FILTER (WHERE seq BETWEEN 1 AND $1 AND NOT EXISTS (
+                SELECT 1 FROM audit_gaps g WHERE s.seq BETWEEN g.first_seq AND g.last_seq)),
             (SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM audit_gaps
                 WHERE first_seq >= 1 AND last_seq <= $1)
-        FROM audit_events a
+        FROM audit_seals s
         """,
         sealed_through,
     )
@@ -298,7 +308,7 @@ async def unaccounted(conn: Connection, head: ChainHead | None, anchor: Anchor) 
 
 async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str]:
     rows = await conn.fetch(
-        "SELECT chain_pos, hash FROM audit_events WHERE chain_pos = ANY($1::bigint[])",
+        "SELECT chain_pos, hash FROM audit_seals WHERE chain_pos = ANY($1::bigint[])",
         list(positions),
     )
     return {r["chain_pos"]: r["hash"] for r in rows}
@@ -306,7 +316,10 @@ async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str
 
 async def chain_page(conn: Connection, after_pos: int, limit: int) -> list[AuditRow]:
     """Sealed rows after chain position ``after_pos``, in chain order."""
-    sql = f"SELECT {_ROW} FROM audit_events WHERE chain_pos > $1 ORDER BY chain_pos LIMIT $2"
+    sql = (
+        f"SELECT {_ROW} FROM audit_seals s JOIN audit_events e ON {_SEAL_OF}"
+        " WHERE s.chain_pos > $1 ORDER BY s.chain_pos LIMIT $2"
+    )
     return [_row(r) for r in await conn.fetch(sql, after_pos, limit)]
 
 
@@ -323,7 +336,7 @@ async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
     never removed from its middle or its end. The number removed."""
     rows = await conn.fetch(
         """
-        SELECT chain_pos, hash, at FROM audit_events
+        SELECT chain_pos, hash, at FROM audit_seals
         WHERE chain_pos > coalesce((SELECT chain_pos FROM audit_anchor), 0)
         ORDER BY chain_pos LIMIT $1
         """,
@@ -336,9 +349,9 @@ async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
     await conn.execute(
         """
         INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)
-        SELECT $2, $3, $4, count(*) FROM audit_events a
+        SELECT $2, $3, $4, count(*) FROM audit_seals s
         WHERE chain_pos BETWEEN $1 AND $2 AND NOT EXISTS (
-            SELECT 1 FROM audit_gaps g WHERE a.seq BETWEEN g.first_seq AND g.last_seq)
+            SELECT 1 FROM audit_gaps g WHERE s.seq BETWEEN g.first_seq AND g.last_seq)
         ON CONFLICT (id) DO UPDATE SET chain_pos = EXCLUDED.chain_pos, hash = EXCLUDED.hash,
             at = EXCLUDED.at, outside_gaps = audit_anchor.outside_gaps + EXCLUDED.outside_gaps,
             updated_at = now()
@@ -349,6 +362,14 @@ async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
         last["at"],
     )
     status = await conn.execute(
-        "DELETE FROM audit_events WHERE chain_pos BETWEEN $1 AND $2", first, last["chain_pos"]
+        """
+        DELETE FROM audit_events e USING audit_seals s
+        WHERE s.chain_pos BETWEEN $1 AND $2 AND s.seq = e.seq AND s.at = e.at
+        """,
+        first,
+        last["chain_pos"],
+    )
+    await conn.execute(
+        "DELETE FROM audit_seals WHERE chain_pos BETWEEN $1 AND $2", first, last["chain_pos"]
     )
     return int(status.split()[-1])
