@@ -3,14 +3,24 @@ with the state change it describes or not at all. Reading and sealing: below."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, cast
 
 from app.audit.chain import rfc3339
-from app.audit.models import Anchor, AuditFilter, AuditRow, ChainHead, Checkpoint, Gap, Seal
+from app.audit.models import (
+    Anchor,
+    Archived,
+    AuditFilter,
+    AuditRow,
+    ChainHead,
+    Checkpoint,
+    Gap,
+    Seal,
+)
 from app.db import Connection, Insert, Record
 
 
@@ -329,47 +339,127 @@ async def anchor(conn: Connection) -> Anchor:
     return Anchor(*row) if row else Anchor()
 
 
-async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
-    """Remove up to ``limit`` rows from the start of the chain, all of them written before
-    ``before`` (a later one stops the batch), and move the anchor past them in the
-    same transaction: the chain left behind still verifies from the anchor, and rows are
-    never removed from its middle or its end. The number removed."""
+# Partitions and retention by month (``app.audit.archive``). Both tables are partitioned by
+# the calendar month (UTC) of ``at``, with the same bounds; a month's partitions are named
+# ``audit_events_YYYY_MM`` and ``audit_seals_YYYY_MM``.
+
+
+def _suffix(month: date) -> str:
+    return f"{month.year:04d}_{month.month:02d}"
+
+
+async def create_partitions(conn: Connection, month: date) -> bool:
+    """Make ``month``'s partitions if they are missing; whether any was made."""
+    return bool(await conn.fetchval("SELECT audit_partitions($1)", month))
+
+
+async def months(conn: Connection) -> list[date]:
+    """The months that have partitions, oldest first (the DEFAULT partition is not one)."""
+    names = await conn.fetch(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'audit_events'::regclass"
+    )
+    found = (re.fullmatch(r"audit_events_(\d{4})_(\d{2})", r["relname"]) for r in names)
+    return sorted(date(int(m[1]), int(m[2]), 1) for m in found if m)
+
+
+async def outside_months(conn: Connection) -> int:
+    """Rows in the DEFAULT partition: their month had no partition when they came."""
+    return int(await conn.fetchval("SELECT count(*) FROM audit_events_default"))
+
+
+async def unsealed_between(conn: Connection, first: datetime, end: datetime) -> bool:
+    """Whether a row written in ``[first, end)`` has no seal yet: above ``sealed_through``,
+    or late inside a recorded gap (``unsealed``'s two kinds), both found through keys."""
+    return bool(
+        await conn.fetchval(
+            f"""
+            SELECT EXISTS (SELECT 1 FROM audit_events
+                    WHERE seq > {_SEALED_THROUGH} AND at >= $1 AND at < $2)
+                OR EXISTS (SELECT 1 FROM audit_gaps g, {_LATE_IN_GAP}
+                    WHERE e.at >= $1 AND e.at < $2)
+            """,
+            first,
+            end,
+        )
+    )
+
+
+async def last_pos_between(conn: Connection, first: datetime, end: datetime) -> int | None:
+    """The highest chain position of a row written in ``[first, end)``."""
+    sql = "SELECT max(chain_pos) FROM audit_seals WHERE at >= $1 AND at < $2"
+    return cast(int | None, await conn.fetchval(sql, first, end))
+
+
+async def hash_at(conn: Connection, chain_pos: int) -> str:
+    return cast(
+        str, await conn.fetchval("SELECT hash FROM audit_seals WHERE chain_pos = $1", chain_pos)
+    )
+
+
+async def lock_month(conn: Connection, month: date, timeout: str) -> None:
+    """Hold ``month``'s partitions against every reader and writer until the transaction
+    ends, waiting at most ``timeout`` (then ``LockNotAvailable``)."""
+    await conn.execute(f"SET LOCAL lock_timeout = '{timeout}'")
+    suffix = _suffix(month)
+    await conn.execute(
+        f"LOCK TABLE audit_events_{suffix}, audit_seals_{suffix} IN ACCESS EXCLUSIVE MODE"
+    )
+
+
+async def remove_month(
+    conn: Connection, month: date, first: datetime, end: datetime, anchor: Anchor, last: int
+) -> int:
+    """Cut the chain after position ``last`` (the highest of ``month``'s rows): move the
+    anchor there, delete the rows of other months sealed at or below it (rows near the
+    month's boundary and late rows), and drop ``month``'s partitions. Run after
+    ``lock_month``, in its transaction. The number of chain positions removed."""
+    removed = max(last - anchor.chain_pos, 0)
+    if removed:
+        await conn.execute(
+            """
+            INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)
+            SELECT $2, s.hash, s.at, ($2::bigint - $1::bigint) - (
+                SELECT count(*) FROM audit_gaps g JOIN audit_seals x
+                    ON x.seq BETWEEN g.first_seq AND g.last_seq
+                WHERE x.chain_pos > $1 AND x.chain_pos <= $2)
+            FROM audit_seals s WHERE s.chain_pos = $2
+            ON CONFLICT (id) DO UPDATE SET chain_pos = EXCLUDED.chain_pos,
+                hash = EXCLUDED.hash, at = EXCLUDED.at,
+                outside_gaps = audit_anchor.outside_gaps + EXCLUDED.outside_gaps,
+                updated_at = now()
+            """,
+            anchor.chain_pos,
+            last,
+        )
+        others = "s.chain_pos > $1 AND s.chain_pos <= $2 AND (s.at < $3 OR s.at >= $4)"
+        args = (anchor.chain_pos, last, first, end)
+        await conn.execute(
+            f"DELETE FROM audit_events e USING audit_seals s WHERE {others}"
+            " AND s.seq = e.seq AND s.at = e.at",
+            *args,
+        )
+        await conn.execute(f"DELETE FROM audit_seals s WHERE {others}", *args)
+    suffix = _suffix(month)
+    await conn.execute(f"DROP TABLE audit_events_{suffix}, audit_seals_{suffix}")
+    return removed
+
+
+async def record_archive(conn: Connection, archived: Archived) -> None:
+    await conn.execute(
+        """
+        INSERT INTO audit_archives (file, month, first_pos, last_pos, prev_hash, last_hash,
+            rows, sha256)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        """,
+        *(getattr(archived, f.name) for f in fields(Archived)),
+    )
+
+
+async def archives(conn: Connection) -> list[Archived]:
+    """Every archive file recorded, in chain order."""
     rows = await conn.fetch(
-        """
-        SELECT chain_pos, hash, at FROM audit_seals
-        WHERE chain_pos > coalesce((SELECT chain_pos FROM audit_anchor), 0)
-        ORDER BY chain_pos LIMIT $1
-        """,
-        limit,
+        f"SELECT {', '.join(f.name for f in fields(Archived))} FROM audit_archives"
+        " ORDER BY first_pos"
     )
-    cut = next((i for i, r in enumerate(rows) if r["at"] >= before), len(rows))
-    if not cut:
-        return 0
-    first, last = rows[0]["chain_pos"], rows[cut - 1]
-    await conn.execute(
-        """
-        INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)
-        SELECT $2, $3, $4, count(*) FROM audit_seals s
-        WHERE chain_pos BETWEEN $1 AND $2 AND NOT EXISTS (
-            SELECT 1 FROM audit_gaps g WHERE s.seq BETWEEN g.first_seq AND g.last_seq)
-        ON CONFLICT (id) DO UPDATE SET chain_pos = EXCLUDED.chain_pos, hash = EXCLUDED.hash,
-            at = EXCLUDED.at, outside_gaps = audit_anchor.outside_gaps + EXCLUDED.outside_gaps,
-            updated_at = now()
-        """,
-        first,
-        last["chain_pos"],
-        last["hash"],
-        last["at"],
-    )
-    status = await conn.execute(
-        """
-        DELETE FROM audit_events e USING audit_seals s
-        WHERE s.chain_pos BETWEEN $1 AND $2 AND s.seq = e.seq AND s.at = e.at
-        """,
-        first,
-        last["chain_pos"],
-    )
-    await conn.execute(
-        "DELETE FROM audit_seals WHERE chain_pos BETWEEN $1 AND $2", first, last["chain_pos"]
-    )
-    return int(status.split()[-1])
+    return [Archived(*r) for r in rows]
