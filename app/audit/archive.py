@@ -38,12 +38,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import asyncpg
 import orjson
 
 from app.audit import chain, store
 from app.audit.models import Anchor, Archived, Broken
-from app.db import Connection, Database
+from app.db import Connection, Database, DatabaseError, LockNotAvailable
 
 AHEAD = 2
 LOCK_TIMEOUT = "2s"
@@ -70,7 +69,7 @@ async def maintain(conn: Connection, now: datetime) -> None:
             async with conn.transaction():
                 if await store.create_partitions(conn, month.date()):
                     log.info("audit partitions for %s made", f"{month:%Y-%m}")
-        except asyncpg.PostgresError as exc:
+        except DatabaseError as exc:
             log.error("audit partitions for %s not made: %s", f"{month:%Y-%m}", exc)
         month = _next(month)
     stray = await store.outside_months(conn)
@@ -128,7 +127,7 @@ async def _remove(db: Database, month: date, directory: Path | None) -> int | No
             if archived is not None:
                 await store.record_archive(conn, archived)
             removed = await store.remove_month(conn, month, first, end, anchor, last)
-    except asyncpg.LockNotAvailableError:
+    except LockNotAvailable:
         log.warning("audit month %s kept for now: its tables were busy", f"{month:%Y-%m}")
         return None
     log.info(

@@ -89,13 +89,16 @@ _CHAIN = ("chain_pos", "prev_hash", "hash", "sealed_at")
 _EVENT = ", ".join(f.name for f in fields(AuditRow) if f.name not in _CHAIN)
 """The columns of ``audit_events``, in ``AuditRow``'s field order."""
 _ROW = ", ".join(f"{'s' if f.name in _CHAIN else 'e'}.{f.name}" for f in fields(AuditRow))
-"""Every column of ``AuditRow`` from ``_SEALED``, in its field order (``_row`` builds one
-positionally)."""
+"""Every column of ``AuditRow`` from a row ``e`` and its seal ``s``, in its field order
+(``_row`` builds one positionally)."""
 _SEAL_OF = "s.seq = e.seq AND s.at = e.at"
 """A row's seal: ``at`` too, so that only the seal table's part holding that time is
 looked in."""
-_SEALED = f"audit_events e LEFT JOIN audit_seals s ON {_SEAL_OF}"
-"""Audit rows with their chain columns, NULL until sealed."""
+_SEAL = f"""LEFT JOIN LATERAL (
+    SELECT chain_pos, prev_hash, hash, sealed_at FROM audit_seals s WHERE {_SEAL_OF} LIMIT 1
+    ) s ON true"""
+"""Each audit row ``e``'s seal, looked up through the primary key of its month's part of
+``audit_seals`` (``LIMIT 1`` keeps the planner from hashing every seal instead)."""
 SEALER_LOCK = 74202
 """Advisory lock key: one sealer at a time across every instance on this database."""
 
@@ -106,7 +109,7 @@ def _row(record: Record) -> AuditRow:
 
 async def of_call(conn: Connection, call_id: str) -> list[AuditRow]:
     """One call's audit rows, oldest first (GET /calls/{id})."""
-    sql = f"SELECT {_ROW} FROM {_SEALED} WHERE e.call_id = $1 ORDER BY e.seq"
+    sql = f"SELECT {_ROW} FROM audit_events e {_SEAL} WHERE e.call_id = $1 ORDER BY e.seq"
     return [_row(r) for r in await conn.fetch(sql, call_id)]
 
 
@@ -155,8 +158,7 @@ async def page(
     sql = (
         f"SELECT {_ROW} FROM (SELECT * FROM audit_events"
         f"{' WHERE ' + ' AND '.join(conditions) if conditions else ''}"
-        f" ORDER BY seq LIMIT ${len(params)}) e LEFT JOIN audit_seals s ON {_SEAL_OF}"
-        " ORDER BY e.seq"
+        f" ORDER BY seq LIMIT ${len(params)}) e {_SEAL} ORDER BY e.seq"
     )
     return [_row(r) for r in await conn.fetch(sql, *params)]
 
@@ -326,10 +328,12 @@ async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str
 
 async def chain_page(conn: Connection, after_pos: int, limit: int) -> list[AuditRow]:
     """Sealed rows after chain position ``after_pos``, in chain order."""
-    sql = (
-        f"SELECT {_ROW} FROM audit_seals s JOIN audit_events e ON {_SEAL_OF}"
-        " WHERE s.chain_pos > $1 ORDER BY s.chain_pos LIMIT $2"
-    )
+    sql = f"""
+        SELECT {_ROW} FROM (SELECT * FROM audit_seals WHERE chain_pos > $1
+            ORDER BY chain_pos LIMIT $2) s
+        JOIN LATERAL (SELECT * FROM audit_events e WHERE {_SEAL_OF} LIMIT 1) e ON true
+        ORDER BY s.chain_pos
+    """
     return [_row(r) for r in await conn.fetch(sql, after_pos, limit)]
 
 
