@@ -145,6 +145,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PEM",
         help="the checkpoints' Ed25519 public key (default: that of TOOLGATE_AUDIT_SIGNING_KEY)",
     )
+    verify.add_argument(
+        "--archive",
+        type=Path,
+        metavar="DIR",
+        help="where retention archived removed months (TOOLGATE_AUDIT_ARCHIVE_DIR): recompute "
+        "their files and check that they lead to where the database's chain starts",
+    )
     keygen = audit_commands.add_parser(
         "keygen",
         help="write a new Ed25519 key for TOOLGATE_AUDIT_SIGNING_KEY; print its public key",
@@ -190,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             return _audit_keygen(args.out)
         if args.command == "audit":
             with _store(settings, migrated=True) as settings:
-                return asyncio.run(_audit_verify(settings, args.checkpoints, args.public_key))
+                return asyncio.run(
+                    _audit_verify(settings, args.checkpoints, args.public_key, args.archive)
+                )
         roles = [r for r in args.roles.split(",") if r]
         from app.auth.tokens import mint
 
@@ -252,7 +261,9 @@ def _audit_keygen(out: Path) -> int:
     return 0
 
 
-async def _audit_verify(settings: Settings, exported: Path | None, public: Path | None) -> int:
+async def _audit_verify(
+    settings: Settings, exported: Path | None, public: Path | None, archive: Path | None
+) -> int:
     """Exit 0 when the chain is intact, 1 when it is broken or stalled (the report says
     where), 2 when it cannot be checked."""
     from app.audit import checkpoints
@@ -266,10 +277,12 @@ async def _audit_verify(settings: Settings, exported: Path | None, public: Path 
     if public is not None:
         public_key = checkpoints.PublicKey.load(public)
     published = checkpoints.read(exported) if exported else []
+    if archive is not None and not archive.is_dir():
+        raise ConfigError(f"--archive {archive}: not a directory")
     try:
         if await pending_migrations(url):
             raise ConfigError("the database schema is not migrated; run `toolgate migrate`")
-        report = await seal_and_verify(url, key, public_key, published)
+        report = await seal_and_verify(url, key, public_key, published, archive)
     except Unavailable as exc:
         raise ConfigError(exc.detail) from None
     print(report.summary())

@@ -25,6 +25,10 @@ from app.settings import ConfigError
 
 Connection: TypeAlias = asyncpg.Connection
 Record: TypeAlias = asyncpg.Record
+DatabaseError = asyncpg.PostgresError
+"""An error the database answered a statement with."""
+LockNotAvailable = asyncpg.LockNotAvailableError
+"""A lock not granted within the session's ``lock_timeout``."""
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 """Package data, so every install carries them (in a checkout, a link to ``migrations/``)."""
 LISTENER_NAME = "toolgate-listener"

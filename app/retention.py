@@ -13,10 +13,10 @@ as before, once ``TOOLGATE_IDEMPOTENCY_TTL_S`` has passed.
   pieces, and the requests in between barely notice.
 - **One purger at a time across instances.** A session advisory lock taken on a connection
   held for the pass (the reconciler's pattern); another instance skips the pass.
-- **The audit trail stays verifiable.** Its rows are removed from the start of the chain
-  only, and the chain's new start (the anchor: the last removed row's position and hash)
-  is stored in the transaction that removes them, so verify walks from there
-  (``app.audit.store.remove_before``).
+- **The audit trail goes by month.** Its tables are partitioned by month, and a month older
+  than the cutoff is dropped whole, from the start of the chain only, after it is written
+  to the archive directory when one is configured (``app.audit.archive``). Each pass also
+  makes the partitions of the months ahead, as start-up does.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from app.audit import store as audit
+from app.audit import archive
 from app.calls import store as calls
 from app.db import Connection, Database
 from app.errors import Unavailable
@@ -45,7 +45,17 @@ Remover = Callable[[Connection, int], Awaitable[int]]
 
 
 async def run(db: Database, settings: Settings) -> None:
-    """A pass every ``EVERY_S`` for as long as the app runs; trouble postpones to the next."""
+    """Audit partitions made at once, then a pass every ``EVERY_S`` for as long as the app
+    runs; trouble postpones to the next."""
+    try:
+        async with db.exclusively(PURGE_LOCK) as held:
+            if held:
+                async with db.connection() as conn:
+                    await archive.maintain(conn, datetime.now(UTC))
+    except Unavailable as exc:
+        log.warning("audit partitions postponed to the first retention pass: %s", exc.detail)
+    except Exception:
+        log.exception("audit partitions not made; retrying on the first retention pass")
     while True:
         await asyncio.sleep(EVERY_S)
         try:
@@ -79,9 +89,6 @@ def removers(settings: Settings, now: datetime) -> dict[str, Remover]:
         chosen["webhook deliveries"] = lambda conn, n: webhooks.remove_delivered_before(
             conn, sent, n
         )
-    if settings.audit_retention_days:
-        written = before(settings.audit_retention_days)
-        chosen["audit rows"] = lambda conn, n: audit.remove_before(conn, written, n)
     return chosen
 
 
@@ -92,9 +99,17 @@ async def purge(
     async with db.exclusively(PURGE_LOCK) as held:
         if not held:
             return None
+        async with db.connection() as conn:
+            await archive.maintain(conn, datetime.now(UTC))
+        now = now or datetime.now(UTC)
         removed = {}
-        for table, remove in removers(settings, now or datetime.now(UTC)).items():
+        for table, remove in removers(settings, now).items():
             removed[table] = await _in_batches(db, remove, pause_s)
+        if settings.audit_retention_days:
+            cutoff = now - timedelta(days=settings.audit_retention_days)
+            removed["audit rows"] = await archive.remove_months(
+                db, cutoff, settings.audit_archive_dir
+            )
     return {table: n for table, n in removed.items() if n}
 
 

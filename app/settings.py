@@ -46,6 +46,9 @@ class Settings:
     """Days calls (with their dry-runs and approvals) and runs are kept; 0 keeps them."""
     audit_retention_days: int = 0
     """Days audit rows are kept; 0 (the default) keeps them."""
+    audit_archive_dir: Path | None = None
+    """Where retention writes each audit month before dropping it; unset, dropped rows are
+    gone for good."""
     webhook_retention_days: int = 7
     """Days delivered webhooks are kept; 0 keeps them."""
     cors_origins: tuple[str, ...] = ()
@@ -106,6 +109,7 @@ class Settings:
             audit_checkpoint_file=_path(get("AUDIT_CHECKPOINT_FILE")),
             retention_days=history,
             audit_retention_days=audit,
+            audit_archive_dir=_path(get("AUDIT_ARCHIVE_DIR")),
             webhook_retention_days=retention["WEBHOOK_RETENTION_DAYS"],
             cors_origins=_origins(get("CORS_ORIGINS")),
             env=dict(env),

@@ -4,7 +4,8 @@
 
 Creates the database (``history_<calls>`` unless named), runs ``toolgate migrate`` on it and
 writes, with set-based SQL inside PostgreSQL (``generate_series``; nothing row by row
-crosses the wire), ``--calls`` calls spread evenly over ``--days`` (90) up to now:
+crosses the wire), ``--calls`` calls spread evenly over ``--days`` (90) up to now, into the
+audit trail's month partitions (made first, for every month of that span):
 
 * tenants: every other call is the big tenant's (``acme``, 500 actors); the rest spread
   over ``--tenants`` (5,000) small tenants of 3 actors each;
@@ -42,6 +43,11 @@ from app.audit import sealer, store
 from app.db import Database
 
 HISTORY = """
+-- The audit trail's month partitions for the whole history (migrate makes this month's on).
+SELECT audit_partitions(month::date) FROM generate_series(
+    date_trunc('month', (now() - make_interval(days => {days})) AT TIME ZONE 'UTC'),
+    date_trunc('month', now() AT TIME ZONE 'UTC'), interval '1 month') AS month;
+
 CREATE TEMP TABLE h AS
 SELECT i,
     now() - make_interval(days => {days}) + (i - 1) * make_interval(secs => {step}) AS at,
@@ -246,7 +252,7 @@ async def drain(url: str) -> None:
             f"max {1000 * max(passes):.1f} ms)",
             flush=True,
         )
-        await _idle(db, "idle passes, every sealed row's old version still dead in place")
+        await _idle(db, "idle passes before VACUUM")
         conn = await asyncpg.connect(url)  # no statement timeout, unlike the app's pool
         try:
             t0 = time.monotonic()

@@ -297,7 +297,7 @@ async def clean(database_url: str) -> None:
         await conn.execute(
             "TRUNCATE calls, audit_events, dry_runs, approvals, executions, runs, run_repeats"
             ", run_windows, run_memory"
-            ", audit_chain, audit_gaps, audit_anchor RESTART IDENTITY"
+            ", audit_seals, audit_chain, audit_gaps, audit_anchor, audit_archives RESTART IDENTITY"
         )
     finally:
         await conn.close()

@@ -14,6 +14,7 @@ import pytest
 
 from app.audit import service
 from app.audit.store import AuditEvent, append
+from tests.test_audit_chain import unsealed as unsealed_rows
 
 Auth = Callable[..., dict[str, str]]
 Row = tuple[str, str, str, str, str, str | None]
@@ -270,7 +271,7 @@ async def test_export_streams_the_same_items_as_ndjson_across_pages(
     await insert(db, [("acme", "alice", "get_order", "failed", f"c{i}", None) for i in range(7)])
     # Listing and export must see the same rows sealed: wait for the sealer to finish first.
     for _ in range(100):
-        if not await db.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL"):
+        if not await unsealed_rows(db):
             break
         await asyncio.sleep(0.05)
     for headers, params in (

@@ -72,17 +72,34 @@ async def one_pass(database: Database, grace_s: float) -> sealer.Pass:
         await asyncio.sleep(0.01)
 
 
+AUDIT_ROWS = (
+    "SELECT e.*, s.chain_pos, s.prev_hash, s.hash, s.sealed_at"
+    " FROM audit_events e LEFT JOIN audit_seals s ON s.seq = e.seq AND s.at = e.at"
+)
+"""Audit rows with their chain columns (None until sealed), as ``AuditRow`` takes them."""
+
+
 async def chain_order(db: asyncpg.Connection) -> list[int]:
-    rows = await db.fetch("SELECT seq FROM audit_events WHERE hash IS NOT NULL ORDER BY chain_pos")
+    rows = await db.fetch("SELECT seq FROM audit_seals ORDER BY chain_pos")
     return [r["seq"] for r in rows]
+
+
+async def unsealed(db: asyncpg.Connection) -> int:
+    """Audit rows without a seal."""
+    return int(
+        await db.fetchval(
+            "SELECT count(*) FROM audit_events e WHERE NOT EXISTS"
+            " (SELECT 1 FROM audit_seals s WHERE s.seq = e.seq AND s.at = e.at)"
+        )
+    )
 
 
 async def wait_until_sealed(db: asyncpg.Connection, expected: int) -> float:
     started = time.monotonic()
     while time.monotonic() - started < SEAL_BOUND_S:
         counts = await db.fetchrow(
-            "SELECT count(*) AS rows, count(*) FILTER (WHERE hash IS NULL) AS unsealed"
-            " FROM audit_events"
+            "SELECT count(*) AS rows, count(*) FILTER (WHERE s.seq IS NULL) AS unsealed"
+            " FROM audit_events e LEFT JOIN audit_seals s ON s.seq = e.seq AND s.at = e.at"
         )
         if counts["rows"] == expected and counts["unsealed"] == 0:
             return time.monotonic() - started
@@ -136,13 +153,16 @@ async def test_rows_are_sealed_right_after_requests_and_the_chain_verifies(
 @pytest.mark.parametrize(
     "change",
     [
-        "reason = 'nothing to see here'",
-        "actor = 'mallory'",
-        "at = at - interval '1 hour'",
-        """arguments = '{"order_id": "ord_1", "amount": 2000}'""",
-        'outcome = \'{"status": "succeeded"}\'',
-        "provider_ms = 1",
-        "prev_hash = 'sha256:' || repeat('1', 64)",
+        "UPDATE audit_events SET reason = 'nothing to see here' WHERE seq = 3",
+        "UPDATE audit_events SET actor = 'mallory' WHERE seq = 3",
+        # A row's time is in its seal too, which is found by it.
+        "UPDATE audit_events SET at = at - interval '1 hour' WHERE seq = 3;"
+        " UPDATE audit_seals SET at = at - interval '1 hour' WHERE seq = 3",
+        """UPDATE audit_events SET arguments = '{"order_id": "ord_1", "amount": 2000}'"""
+        " WHERE seq = 3",
+        'UPDATE audit_events SET outcome = \'{"status": "succeeded"}\' WHERE seq = 3',
+        "UPDATE audit_events SET provider_ms = 1 WHERE seq = 3",
+        "UPDATE audit_seals SET prev_hash = 'sha256:' || repeat('1', 64) WHERE seq = 3",
     ],
 )
 async def test_a_row_edited_directly_in_sql_is_named_by_verify(
@@ -150,7 +170,7 @@ async def test_a_row_edited_directly_in_sql_is_named_by_verify(
 ) -> None:
     await insert(db, 5)
     await wait_until_sealed(db, 5)
-    await tamper(db, f"UPDATE audit_events SET {change} WHERE seq = 3")
+    await tamper(db, change)
     report = (await client.get("/audit/verify", headers=auth("audrey", "acme", "auditor"))).json()
     assert report["ok"] is False
     assert report["first_broken"]["seq"] == 3
@@ -162,11 +182,13 @@ async def test_a_sealed_row_rehashed_by_hand_breaks_the_link_to_the_next(
 ) -> None:
     await insert(db, 4)
     await sealer.seal_all(database)
-    row = AuditRow(**dict(await db.fetchrow("SELECT * FROM audit_events WHERE seq = 2")))
+    row = AuditRow(**dict(await db.fetchrow(f"{AUDIT_ROWS} WHERE e.seq = 2")))
     forged = AuditRow(**{**row.__dict__, "reason": "forged"})
     new_hash = row_hash(forged, row.prev_hash or "")
     await tamper(
-        db, f"UPDATE audit_events SET reason = 'forged', hash = '{new_hash}' WHERE seq = 2"
+        db,
+        "UPDATE audit_events SET reason = 'forged' WHERE seq = 2;"
+        f" UPDATE audit_seals SET hash = '{new_hash}' WHERE seq = 2",
     )
     report = await verify(database)
     assert report.first_broken is not None
@@ -208,26 +230,24 @@ async def test_the_database_refuses_update_and_delete_of_audit_rows(
     await append(db, event(3))
     refused = [
         "UPDATE audit_events SET reason = 'edited' WHERE seq = 1",
-        "UPDATE audit_events SET hash = 'sha256:00', prev_hash = 'x' WHERE seq = 1",
+        "UPDATE audit_seals SET hash = 'sha256:00', prev_hash = 'x' WHERE seq = 1",
+        "UPDATE audit_seals SET chain_pos = 9 WHERE seq = 2",
         "UPDATE audit_events SET reason = 'edited' WHERE seq = 3",
-        "UPDATE audit_events SET chain_pos = 9, prev_hash = 'p', hash = 'h',"
-        " sealed_at = now(), reason = 'edited' WHERE seq = 3",
-        "UPDATE audit_events SET chain_pos = 9 WHERE seq = 3",
-        "UPDATE audit_events SET chain_pos = 9, prev_hash = 'p', hash = 'h',"
-        """ sealed_at = now(), arguments = '{"x": 1}', run_id = 'run_x' WHERE seq = 3""",
+        """UPDATE audit_events SET arguments = '{"x": 1}', run_id = 'run_x' WHERE seq = 3""",
         "DELETE FROM audit_events WHERE seq = 1",
         "DELETE FROM audit_events WHERE seq = 3",
         "DELETE FROM audit_events",
-        "INSERT INTO audit_events (event, tenant, actor, chain_pos, prev_hash, hash, sealed_at)"
-        " VALUES ('proposed', 'acme', 'alice', 99, 'p', 'h', now())",
+        "DELETE FROM audit_seals WHERE seq = 1",
+        "DELETE FROM audit_seals",
     ]
     for sql in refused:
-        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="audit_events"):
+        table = sql.split()[2 if sql.startswith("DELETE") else 1]
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match=table):
             await db.execute(sql)
     await sealer.seal_all(database)
     assert await db.fetchval("SELECT count(*) FROM audit_events WHERE reason = 'edited'") == 0
     assert (await verify(database)).ok
-    await db.execute("TRUNCATE audit_events, audit_chain, audit_gaps")
+    await db.execute("TRUNCATE audit_events, audit_seals, audit_chain, audit_gaps")
     assert await db.fetchval("SELECT count(*) FROM audit_events") == 0
 
 
@@ -308,7 +328,7 @@ async def test_concurrent_writes_from_two_instances_end_in_one_valid_chain(
         await wait_until_sealed(db, 60)
     order = await chain_order(db)
     assert sorted(order) == list(range(1, 61))
-    positions = await db.fetch("SELECT chain_pos FROM audit_events ORDER BY chain_pos")
+    positions = await db.fetch("SELECT chain_pos FROM audit_seals ORDER BY chain_pos")
     assert [p["chain_pos"] for p in positions] == list(range(1, 61))
     report = (await client.get("/audit/verify", headers=admin(auth))).json()
     assert (report["ok"], report["checked"], report["unsealed"]) == (True, 60, 0)
@@ -362,7 +382,7 @@ async def test_the_cli_seals_verifies_and_exits_non_zero_naming_the_broken_row(
     assert intact.returncode == 0, intact.stderr
     assert "intact" in intact.stdout
     assert "checked 4 sealed rows" in intact.stdout
-    assert await db.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL") == 0
+    assert await unsealed(db) == 0
     await tamper(db, "UPDATE audit_events SET tenant = 'globex' WHERE seq = 2")
     broken = await asyncio.to_thread(cli, "audit", "verify", TOOLGATE_DATABASE_URL=database_url)
     assert broken.returncode == 1, broken.stderr

@@ -23,7 +23,7 @@ from app.audit.service import verify
 from app.db import Database
 from app.settings import Settings
 from tests.conftest import cli
-from tests.test_audit_chain import connect, insert, wait_until_sealed
+from tests.test_audit_chain import AUDIT_ROWS, connect, insert, unsealed, wait_until_sealed
 
 
 @dataclass
@@ -121,7 +121,7 @@ async def as_attacker(
 
 
 async def rows_in_chain_order(conn: asyncpg.Connection) -> list[AuditRow]:
-    records = await conn.fetch("SELECT * FROM audit_events ORDER BY chain_pos")
+    records = await conn.fetch(f"{AUDIT_ROWS} ORDER BY s.chain_pos")
     return [AuditRow(**dict(r)) for r in records]
 
 
@@ -134,11 +134,13 @@ async def rehash(conn: asyncpg.Connection, rows: list[AuditRow]) -> None:
         for row in rows:
             new = row_hash(row, prev)
             await conn.execute(
-                "UPDATE audit_events SET prev_hash = $1, hash = $2, reason = $3 WHERE seq = $4",
+                "UPDATE audit_seals SET prev_hash = $1, hash = $2 WHERE seq = $3",
                 prev,
                 new,
-                row.reason,
                 row.seq,
+            )
+            await conn.execute(
+                "UPDATE audit_events SET reason = $1 WHERE seq = $2", row.reason, row.seq
             )
             prev = new
         await conn.execute(
@@ -154,7 +156,8 @@ async def roll_back_tail_with_head(setup: Setup, first: dict[str, object]) -> No
     head, signature and all (it was published, so the writer has it)."""
     await as_attacker(
         setup.conn,
-        "DELETE FROM audit_events WHERE chain_pos > $1",
+        "DELETE FROM audit_events WHERE seq IN (SELECT seq FROM audit_seals WHERE chain_pos > $1)",
+        "DELETE FROM audit_seals WHERE chain_pos > $1",
         args=(first["chain_pos"],),
     )
     await as_attacker(
@@ -180,8 +183,8 @@ async def append_forged_row(setup: Setup, first: dict[str, object]) -> None:
     forged = AuditRow(**{**rows[-1].__dict__, "chain_pos": rows[-2].chain_pos + 1})
     await as_attacker(
         setup.conn,
-        "UPDATE audit_events SET chain_pos = $1, prev_hash = $2, hash = $3, sealed_at = now()"
-        " WHERE seq = $4",
+        "INSERT INTO audit_seals (seq, at, chain_pos, prev_hash, hash)"
+        " SELECT seq, at, $1, $2, $3 FROM audit_events WHERE seq = $4",
         args=(forged.chain_pos, rows[-2].hash, row_hash(forged, rows[-2].hash or ""), forged.seq),
     )
     await as_attacker(
@@ -192,7 +195,9 @@ async def append_forged_row(setup: Setup, first: dict[str, object]) -> None:
 
 
 async def truncate_everything(setup: Setup, first: dict[str, object]) -> None:
-    await setup.conn.execute("TRUNCATE audit_events, audit_chain, audit_gaps RESTART IDENTITY")
+    await setup.conn.execute(
+        "TRUNCATE audit_events, audit_seals, audit_chain, audit_gaps RESTART IDENTITY"
+    )
 
 
 Attack = Callable[[Setup, dict[str, object]], Awaitable[None]]
@@ -309,7 +314,7 @@ async def test_the_sealer_refuses_to_extend_a_head_it_did_not_sign(
     for key in (other, None):
         result = await sealer.seal_pending(setup.database, key=key)
         assert (result.sealed, result.refused is not None) == (0, True)
-    assert await setup.conn.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL") == 1
+    assert await unsealed(setup.conn) == 1
     report = await verify(setup.database, setup.key.public)
     assert report.ok is False
     assert report.first_broken is not None
@@ -348,15 +353,15 @@ async def test_rows_sealed_outside_the_chain_or_missing_below_sealed_through_fai
     await insert(setup.conn, 1)
     await as_attacker(
         setup.conn,
-        "UPDATE audit_events SET hash = 'sha256:00', prev_hash = 'x', sealed_at = now()"
-        " WHERE seq = 4",
+        "INSERT INTO audit_seals (seq, at, chain_pos, prev_hash, hash)"
+        " SELECT seq, at, 0, 'x', 'sha256:00' FROM audit_events WHERE seq = 4",
     )
     report = await verify(setup.database)
     assert report.first_broken is not None
     assert "not in the chain" in report.first_broken.reason
     await as_attacker(
         setup.conn,
-        "UPDATE audit_events SET hash = NULL, prev_hash = NULL, sealed_at = NULL WHERE seq = 4",
+        "DELETE FROM audit_seals WHERE seq = 4",
         "UPDATE audit_chain SET sealed_through = 4",
     )
     report = await verify(setup.database)

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.flows import Flow, refund_args
+from tests.test_audit_chain import unsealed
 
 Auth = Callable[..., dict[str, str]]
 JSON = {"content-type": "application/json"}
@@ -46,7 +47,7 @@ def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str
 async def sealed(db: asyncpg.Connection) -> None:
     """Wait until the test app's audit sealer has chained every row."""
     deadline = time.monotonic() + 5
-    while await db.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL"):
+    while await unsealed(db):
         assert time.monotonic() < deadline, "the sealer did not seal the rows"
         await asyncio.sleep(0.05)
 

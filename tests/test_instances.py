@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import Providers, children, exited, free_port
 from tests.flows import Auth, Flow, new_key, refund_args
+from tests.test_audit_chain import unsealed
 
 REFUNDS = "/billing/refunds"
 
@@ -191,7 +192,7 @@ async def test_serve_seals_in_a_process_of_its_own_and_stops_it(
             await flow.propose("get_order", {"order_id": "ord_1"})
             await flow.propose("get_order", {"order_id": "ord_2"})
         deadline = time.monotonic() + 5
-        while await db.fetchval("SELECT count(*) FROM audit_events WHERE hash IS NULL") != 0:
+        while await unsealed(db) != 0:
             assert time.monotonic() < deadline, "rows were not sealed"
             await asyncio.sleep(0.05)
         assert await db.fetchval("SELECT count(*) FROM audit_events") == 2

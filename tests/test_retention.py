@@ -12,14 +12,12 @@ import pytest
 
 from app import retention
 from app.audit import sealer
-from app.audit.service import verify
 from app.audit.store import AuditEvent, append
 from app.db import Database
 from app.settings import ConfigError, Settings
 from tests.flows import Flow, new_key
 
 DAYS = 90
-KEEP_AUDIT = 400
 
 
 def kept(settings: Settings, audit_days: int = 0) -> Settings:
@@ -135,47 +133,6 @@ def row(number: int) -> AuditEvent:
 async def sealed(database: Database) -> None:
     while (await sealer.seal_pending(database, grace_s=0.0)).busy:
         await asyncio.sleep(0.01)
-
-
-async def test_audit_rows_leave_from_the_start_of_the_chain_which_still_verifies(
-    db: asyncpg.Connection,
-    database: Database,
-    settings: Settings,
-) -> None:
-    for number in range(6):
-        await append(db, row(number))
-    await asyncio.sleep(0.01)
-    middle: datetime = await db.fetchval("SELECT clock_timestamp()")
-    await asyncio.sleep(0.01)
-    for number in range(6, 10):
-        await append(db, row(number))
-    await sealed(database)
-    as_of = middle + timedelta(days=KEEP_AUDIT)
-
-    removed = await retention.purge(database, kept(settings, KEEP_AUDIT), as_of, pause_s=0)
-
-    assert removed is not None
-    assert removed["audit rows"] == 6
-    left = [r["chain_pos"] for r in await db.fetch("SELECT chain_pos FROM audit_events")]
-    assert sorted(left) == [7, 8, 9, 10]
-    report = await verify(database)
-    assert (report.ok, report.checked, report.removed_through) == (True, 4, 6), report
-    assert report.sealed_through == 10
-    # The chain goes on from there, and stays verifiable.
-    await append(db, row(10))
-    await sealed(database)
-    report = await verify(database)
-    assert (report.ok, report.checked) == (True, 5), report
-    # Rows past the anchor are still append-only, and an edit past it is still found.
-    with pytest.raises(asyncpg.InsufficientPrivilegeError):
-        await db.execute("DELETE FROM audit_events WHERE chain_pos = 7")
-    async with db.transaction():
-        await db.execute("SET LOCAL session_replication_role = replica")
-        await db.execute("UPDATE audit_events SET actor = 'mallory' WHERE chain_pos = 8")
-    report = await verify(database)
-    assert not report.ok
-    assert report.first_broken is not None
-    assert report.first_broken.chain_pos == 8
 
 
 async def test_audit_rows_are_kept_by_default(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -211,7 +211,7 @@ def _append(result: Plan, row: AuditRow, sealed_through: int) -> None:
     document = item(row)
     if fields := stood_in(document):
         result.stood_in[row.seq] = fields
-    seal = Seal(row.seq, head.chain_pos + 1, head.hash, _hash(document, head.hash))
+    seal = Seal(row.seq, row.at, head.chain_pos + 1, head.hash, _hash(document, head.hash))
     result.seals.append(seal)
     result.head = ChainHead(seal.chain_pos, seal.hash, sealed_through)
 
@@ -232,20 +232,40 @@ def check(walk: Walk, rows: Sequence[AuditRow], end: int) -> Walk:
     ``end`` is the head's position, past which no row may be sealed."""
     for row in rows:
         expected = walk.chain_pos + 1
-        computed = row_hash(row, walk.hash)
-        broken = None
         if row.chain_pos != expected:
-            broken = f"the sealed row at chain position {expected} is missing"
-        elif expected > end:
-            broken = f"sealed beyond the recorded chain head (position {end})"
-        elif row.prev_hash != walk.hash:
-            broken = "prev_hash does not match the hash of the row sealed before it"
-        elif row.hash != computed:
-            broken = "the row's contents do not match its hash (the row was altered)"
-        if broken is not None:
-            return replace(walk, broken=Broken(row.seq, expected, broken))
-        walk = Walk(expected, computed, row.seq, walk.checked + 1)
+            reason = f"the sealed row at chain position {expected} is missing"
+            return replace(walk, broken=Broken(row.seq, expected, reason))
+        walk = _link(walk, item(row), end)
+        if walk.broken is not None:
+            return walk
     return walk
+
+
+def check_items(walk: Walk, items: Iterable[dict[str, Any]], end: int) -> Walk:
+    """Continue ``walk`` over published items (``item``, hash included) that hold the next
+    chain positions one after the other, as an archive file does, up to the first break."""
+    for document in items:
+        walk = _link(walk, document, end)
+        if walk.broken is not None:
+            return walk
+    return walk
+
+
+def _link(walk: Walk, document: dict[str, Any], end: int) -> Walk:
+    """``walk`` moved on by the published row ``document`` at the next position."""
+    expected, seq = walk.chain_pos + 1, document.get("seq")
+    stored, prev_hash = document.get("hash"), document.get("prev_hash")
+    computed = _hash(dict(document), walk.hash)
+    broken = None
+    if expected > end:
+        broken = f"sealed beyond the recorded chain head (position {end})"
+    elif prev_hash != walk.hash:
+        broken = "prev_hash does not match the hash of the row sealed before it"
+    elif stored != computed:
+        broken = "the row's contents do not match its hash (the row was altered)"
+    if broken is not None:
+        return replace(walk, broken=Broken(seq if isinstance(seq, int) else None, expected, broken))
+    return Walk(expected, computed, seq if isinstance(seq, int) else None, walk.checked + 1)
 
 
 def check_end(walk: Walk, head: ChainHead | None) -> Broken | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -24,7 +24,8 @@ Event = Literal[
 
 @dataclass(frozen=True)
 class AuditRow:
-    """One ``audit_events`` row as stored; the chain columns are NULL until it is sealed."""
+    """One ``audit_events`` row as stored, with the chain columns of its ``audit_seals`` row
+    (None until it is sealed)."""
 
     seq: int
     at: datetime
@@ -118,10 +119,28 @@ class Anchor:
 
 
 @dataclass(frozen=True)
+class Archived:
+    """A month removed by retention after its stretch of the chain was written to ``file``
+    (in the archive directory): positions ``first_pos..last_pos``, the hash before the first
+    and the last one's, how many rows and the file's SHA-256 (hex)."""
+
+    file: str
+    month: date
+    first_pos: int
+    last_pos: int
+    prev_hash: str
+    last_hash: str
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Seal:
-    """The chain columns the sealer writes onto one row."""
+    """The chain columns the sealer writes for one row (an ``audit_seals`` row)."""
 
     seq: int
+    at: datetime
+    """The sealed row's ``at``: a seal is found by ``seq`` and ``at``."""
     chain_pos: int
     prev_hash: str
     hash: str
@@ -173,6 +192,9 @@ class VerifyReport:
     """Chain positions up to here were removed by retention; the walk starts after them."""
     removed_before: datetime | None = None
     """The time of the last removed row."""
+    archived: int = 0
+    """Rows of archive files recomputed and found intact (``verify --archive``)."""
+    archive_files: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -197,6 +219,8 @@ class VerifyReport:
             f"chain head: {self._signature()}",
             f"checked {self.exported} exported checkpoints",
         ]
+        if self.archive_files:
+            lines.append(f"checked {self.archived} archived rows in {self.archive_files} files")
         if self.removed_through:
             lines.append(
                 f"positions 1..{self.removed_through} removed by retention (rows up to "

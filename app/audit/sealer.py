@@ -4,7 +4,9 @@ Why not hash on insert: chaining a row to "the previous row" inside the request'
 transaction would make every audit write wait for the last one to commit, a global lock on
 every decision across every instance. Instead request transactions only INSERT
 (``store.append``; ``seq`` comes from a bigserial) and commit as they always did, and a
-sealer writes ``chain_pos``/``prev_hash``/``hash`` onto committed rows right after.
+sealer inserts ``chain_pos``/``prev_hash``/``hash`` for committed rows right after, into
+``audit_seals``: audit rows themselves are never updated, so sealing rewrites none of their
+index entries and leaves no dead versions behind.
 
 - **One sealer at a time.** Each pass runs in one transaction under
   ``pg_try_advisory_xact_lock``; an instance that finds it taken retries shortly, since the
@@ -30,9 +32,9 @@ sealer writes ``chain_pos``/``prev_hash``/``hash`` onto committed rows right aft
   moves on.
 - **At a cost that does not grow with history.** A pass reads the rows above the head's
   ``sealed_through`` through the primary key and late rows through the recorded gaps
-  (``store.unsealed``), never an index of rows that were once unsealed, whose dead entries
-  piled up until a VACUUM; the seal ``UPDATE`` is bounded to its chunk's seq range, and
-  each chunk is hashed while the database writes the one before. Gaps
+  (``store.unsealed``), never an index of rows that were once unsealed; the seals of a
+  chunk are one ``INSERT``, and each chunk is hashed while the database writes the one
+  before. Gaps
   recorded in the last ``LATE_WINDOW_S`` are looked in on every pass, all of them every
   ``SWEEP_EVERY_S``.
 - **Promptly, off the request path.** A pass runs every ``EVERY_S``, so a row is sealed

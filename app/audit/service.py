@@ -11,12 +11,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from app import cursors
-from app.audit import chain, checkpoints, sealer, store
+from app.audit import archive, chain, checkpoints, sealer, store
 from app.audit.checkpoints import Exported, PublicKey, SigningKey
 from app.audit.models import AuditFilter, AuditRow, VerifyReport
 from app.auth.principal import Principal
@@ -127,12 +128,15 @@ async def verify(
     public: PublicKey | None = None,
     exported: Sequence[Exported] = (),
     pause_s: float = HEAVY_PAUSE_S,
+    archive_dir: Path | None = None,
 ) -> VerifyReport:
     """Recompute the chain in sealing order from one snapshot and name the first thing that
     does not hold: a broken row, a chain cut short, a head not signed by ``public``'s key,
     sealed and skipped seqs that do not add up, or a published checkpoint (``exported``)
     the chain no longer matches. Rows left unsealed for ``STALL_S`` make it not ok too:
-    sealing has stopped."""
+    sealing has stopped. With ``archive_dir``, the archive files of removed months are
+    recomputed too (``archive.check``), up to the anchor, and published checkpoints of
+    archived positions are compared with them instead of being passed over."""
     async with db.connection() as conn, store.snapshot(conn):
         unsealed = await store.unsealed_count(conn)
         stalled = await store.unsealed_count(conn, STALL_S)
@@ -153,14 +157,21 @@ async def verify(
                     break
                 await paced.rest()
         beyond, uncovered = await store.unaccounted(conn, head, anchor)
-        # Checkpoints of removed positions can no longer be compared; the anchor's can.
-        exported = [(line, c) for line, c in exported if c.chain_pos >= anchor.chain_pos]
+        archives = await store.archives(conn) if archive_dir is not None else []
+        # Checkpoints of removed positions can be compared only with an archive of them.
+        start = archives[0].first_pos if archives else anchor.chain_pos
+        exported = [(line, c) for line, c in exported if c.chain_pos >= start]
         positions = sorted({published.chain_pos for _, published in exported})
         hashes = await store.hashes_at(conn, positions) if positions else {}
         if anchor.chain_pos:
             hashes[anchor.chain_pos] = anchor.hash
+    archived = archive.Checked()
+    if archive_dir is not None:
+        archived = archive.check(archive_dir, archives, anchor, set(positions))
+        hashes.update(archived.hashes)
     broken = (
         walk.broken
+        or archived.broken
         or chain.check_end(walk, head)
         or checkpoints.head_problem(current, public)
         or chain.check_accounts(head, beyond, uncovered)
@@ -179,18 +190,24 @@ async def verify(
         exported=len(exported),
         removed_through=anchor.chain_pos,
         removed_before=anchor.at,
+        archived=archived.rows,
+        archive_files=len(archives),
     )
 
 
 async def seal_and_verify(
-    url: str, key: SigningKey | None, public: PublicKey | None, exported: Sequence[Exported]
+    url: str,
+    key: SigningKey | None,
+    public: PublicKey | None,
+    exported: Sequence[Exported],
+    archive_dir: Path | None = None,
 ) -> VerifyReport:
     """For ``toolgate audit verify``: seal what can be sealed now (with ``key``), then
-    verify against ``public`` and the published checkpoints."""
+    verify against ``public``, the published checkpoints and the archive files."""
     db = Database(url)
     await db.open(min_size=1, max_size=2)
     try:
         await sealer.seal_all(db, key=key)
-        return await verify(db, public, exported, pause_s=0.0)
+        return await verify(db, public, exported, pause_s=0.0, archive_dir=archive_dir)
     finally:
         await db.close()

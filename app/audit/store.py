@@ -3,14 +3,24 @@ with the state change it describes or not at all. Reading and sealing: below."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, cast
 
 from app.audit.chain import rfc3339
-from app.audit.models import Anchor, AuditFilter, AuditRow, ChainHead, Checkpoint, Gap, Seal
+from app.audit.models import (
+    Anchor,
+    Archived,
+    AuditFilter,
+    AuditRow,
+    ChainHead,
+    Checkpoint,
+    Gap,
+    Seal,
+)
 from app.db import Connection, Insert, Record
 
 
@@ -69,11 +79,26 @@ async def append_after(
 
 
 # Reading and sealing. A transaction that touches several audit tables reads
-# ``audit_events`` first: TRUNCATE locks it before ``audit_chain``/``audit_gaps``, so the
-# same order on both sides cannot deadlock.
+# ``audit_events`` first: TRUNCATE locks it before ``audit_seals``/``audit_chain``/
+# ``audit_gaps``, so the same order on both sides cannot deadlock.
+#
+# Audit rows are never updated: the sealer inserts a row's chain columns into
+# ``audit_seals`` (same ``seq`` and ``at``), and every read of them joins the two.
 
-_ROW = ", ".join(f.name for f in fields(AuditRow))
-"""Every column of ``AuditRow``, in its field order (``_row`` builds one positionally)."""
+_CHAIN = ("chain_pos", "prev_hash", "hash", "sealed_at")
+_EVENT = ", ".join(f.name for f in fields(AuditRow) if f.name not in _CHAIN)
+"""The columns of ``audit_events``, in ``AuditRow``'s field order."""
+_ROW = ", ".join(f"{'s' if f.name in _CHAIN else 'e'}.{f.name}" for f in fields(AuditRow))
+"""Every column of ``AuditRow`` from a row ``e`` and its seal ``s``, in its field order
+(``_row`` builds one positionally)."""
+_SEAL_OF = "s.seq = e.seq AND s.at = e.at"
+"""A row's seal: ``at`` too, so that only the seal table's part holding that time is
+looked in."""
+_SEAL = f"""LEFT JOIN LATERAL (
+    SELECT chain_pos, prev_hash, hash, sealed_at FROM audit_seals s WHERE {_SEAL_OF} LIMIT 1
+    ) s ON true"""
+"""Each audit row ``e``'s seal, looked up through the primary key of its month's part of
+``audit_seals`` (``LIMIT 1`` keeps the planner from hashing every seal instead)."""
 SEALER_LOCK = 74202
 """Advisory lock key: one sealer at a time across every instance on this database."""
 
@@ -84,7 +109,7 @@ def _row(record: Record) -> AuditRow:
 
 async def of_call(conn: Connection, call_id: str) -> list[AuditRow]:
     """One call's audit rows, oldest first (GET /calls/{id})."""
-    sql = f"SELECT {_ROW} FROM audit_events WHERE call_id = $1 ORDER BY seq"
+    sql = f"SELECT {_ROW} FROM audit_events e {_SEAL} WHERE e.call_id = $1 ORDER BY e.seq"
     return [_row(r) for r in await conn.fetch(sql, call_id)]
 
 
@@ -113,7 +138,8 @@ a page, instead of reading the whole window by time and sorting it."""
 async def page(
     conn: Connection, where: AuditFilter, after: int | None, limit: int
 ) -> list[AuditRow]:
-    """Rows matching ``where`` with ``seq > after``, oldest first (keyset pagination)."""
+    """Rows matching ``where`` with ``seq > after``, oldest first (keyset pagination): the
+    page is found in ``audit_events`` alone, then joined to its seals."""
     conditions, params = [], []
     for column in ("tenant", "actor", "tool", "call_id", "run_id", "event"):
         value = getattr(where, column)
@@ -130,9 +156,9 @@ async def page(
             conditions.append(condition.replace("$0", f"${len(params)}"))
     params.append(limit)
     sql = (
-        f"SELECT {_ROW} FROM audit_events"
+        f"SELECT {_ROW} FROM (SELECT * FROM audit_events"
         f"{' WHERE ' + ' AND '.join(conditions) if conditions else ''}"
-        f" ORDER BY seq LIMIT ${len(params)}"
+        f" ORDER BY seq LIMIT ${len(params)}) e {_SEAL} ORDER BY e.seq"
     )
     return [_row(r) for r in await conn.fetch(sql, *params)]
 
@@ -149,19 +175,21 @@ async def try_lock_sealer(conn: Connection) -> bool:
     return bool(await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", SEALER_LOCK))
 
 
-_LATE = ", ".join(f"a.{f.name}" for f in fields(AuditRow))
 _SEALED_THROUGH = "coalesce((SELECT sealed_through FROM audit_chain), 0)"
-_LATE_IN_GAP = """LATERAL (
-    SELECT * FROM audit_events WHERE seq BETWEEN g.first_seq AND g.last_seq AND hash IS NULL
-    OFFSET 0) a"""
-"""The unsealed rows of gap ``g``, through the primary key (``OFFSET 0`` keeps the planner
-from turning this into a join that scans every row for ``hash IS NULL``)."""
 """The chain head's ``sealed_through``, read in a statement that names ``audit_events``
-first (the lock order above)."""
+first (the lock order above). Every row above it is unsealed: the chain moves past a seq
+only by sealing it or recording it as a gap."""
+_LATE_IN_GAP = """LATERAL (
+    SELECT * FROM audit_events e WHERE seq BETWEEN g.first_seq AND g.last_seq
+        AND NOT EXISTS (SELECT 1 FROM audit_seals s WHERE s.seq = e.seq AND s.at = e.at)
+    OFFSET 0) e"""
+"""The unsealed rows of gap ``g``, through the primary keys (``OFFSET 0`` keeps the planner
+from turning this into a join over every row)."""
 _UNSEALED = f"""
-    (SELECT {_ROW} FROM audit_events WHERE seq > {_SEALED_THROUGH} ORDER BY seq LIMIT $1)
+    (SELECT {_EVENT} FROM audit_events WHERE seq > {_SEALED_THROUGH} ORDER BY seq LIMIT $1)
     UNION ALL
-    (SELECT {_LATE} FROM audit_gaps g, {_LATE_IN_GAP} WHERE g.skipped_at > $2)
+    (SELECT {", ".join(f"e.{c}" for c in _EVENT.split(", "))}
+        FROM audit_gaps g, {_LATE_IN_GAP} WHERE g.skipped_at > $2)
     ORDER BY seq LIMIT $1
 """
 EVERY_GAP = datetime.min.replace(tzinfo=UTC)
@@ -172,9 +200,9 @@ async def unsealed(
 ) -> list[AuditRow]:
     """Up to ``limit`` committed, unsealed rows in seq order: rows above the head's
     ``sealed_through`` (the chain moves past a seq only by sealing it or recording it as a
-    gap) and late rows inside gaps recorded after ``gaps_since``. Both through indexes
-    that hold nothing already sealed, so a pass costs the same however much history, and
-    however many dead versions of sealed rows, the table holds."""
+    gap) and late rows without a seal inside gaps recorded after ``gaps_since``. Both
+    through primary keys from where sealing stands, so a pass costs the same however much
+    history the tables hold."""
     rows = await conn.fetch(_UNSEALED, limit, gaps_since)
     return [_row(r) for r in rows]
 
@@ -188,7 +216,7 @@ async def unsealed_count(conn: Connection, older_than_s: float = 0.0) -> int:
             SELECT (SELECT count(*) FROM audit_events, t
                     WHERE seq > {_SEALED_THROUGH} AND at <= t.before)
                 + (SELECT count(*) FROM t, audit_gaps g, {_LATE_IN_GAP}
-                    WHERE a.at <= t.before)
+                    WHERE e.at <= t.before)
             """,
             older_than_s,
         )
@@ -212,25 +240,20 @@ async def head(conn: Connection) -> Checkpoint | None:
 
 
 async def seal(conn: Connection, seals: Sequence[Seal]) -> None:
-    """Write the chain columns; every row must still be unsealed, or nothing is written."""
-    status = await conn.execute(
+    """Insert the seals, one statement for all; a row already sealed (its seq taken) fails
+    the statement, and with it the pass."""
+    await conn.execute(
         """
-        UPDATE audit_events AS a
-        SET chain_pos = s.chain_pos, prev_hash = s.prev_hash, hash = s.hash,
-            sealed_at = clock_timestamp()
-        FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[])
-            AS s(seq, chain_pos, prev_hash, hash)
-        WHERE a.seq = s.seq AND a.seq BETWEEN $5 AND $6 AND a.hash IS NULL
+        INSERT INTO audit_seals (seq, at, chain_pos, prev_hash, hash)
+        SELECT * FROM unnest($1::bigint[], $2::timestamptz[], $3::bigint[], $4::text[],
+            $5::text[])
         """,
         [s.seq for s in seals],
+        [s.at for s in seals],
         [s.chain_pos for s in seals],
         [s.prev_hash for s in seals],
         [s.hash for s in seals],
-        min(s.seq for s in seals),
-        max(s.seq for s in seals),
     )
-    if status != f"UPDATE {len(seals)}":
-        raise RuntimeError(f"sealing expected {len(seals)} unsealed rows, got {status!r}")
 
 
 async def record_gaps(conn: Connection, gaps: Sequence[Gap]) -> None:
@@ -264,8 +287,8 @@ async def skipped_count(conn: Connection) -> int:
         await conn.fetchval(
             """
             SELECT coalesce(sum(g.last_seq - g.first_seq + 1), 0) - (
-                SELECT count(*) FROM audit_events a JOIN audit_gaps g
-                    ON a.seq BETWEEN g.first_seq AND g.last_seq)
+                SELECT count(*) FROM audit_events e JOIN audit_gaps g
+                    ON e.seq BETWEEN g.first_seq AND g.last_seq)
             FROM audit_gaps g
             """
         )
@@ -273,20 +296,19 @@ async def skipped_count(conn: Connection) -> int:
 
 
 async def unaccounted(conn: Connection, head: ChainHead | None, anchor: Anchor) -> tuple[int, int]:
-    """Rows carrying chain columns beyond ``head.chain_pos`` (sealed, yet not in the chain),
-    and seqs up to ``head.sealed_through`` neither sealed, nor inside a recorded gap, nor
-    removed by retention (``anchor``)."""
+    """Seals beyond ``head.chain_pos`` (sealed, yet not in the chain), and seqs up to
+    ``head.sealed_through`` neither sealed, nor inside a recorded gap, nor removed by
+    retention (``anchor``)."""
     chain_pos, sealed_through = (head.chain_pos, head.sealed_through) if head else (0, 0)
     row = await conn.fetchrow(
         """
         SELECT
-            count(*) FILTER (WHERE chain_pos IS NOT NULL OR prev_hash IS NOT NULL
-                OR hash IS NOT NULL OR sealed_at IS NOT NULL),
-            count(*) FILTER (WHERE hash IS NOT NULL AND seq BETWEEN 1 AND $1 AND NOT EXISTS (
-                SELECT 1 FROM audit_gaps g WHERE a.seq BETWEEN g.first_seq AND g.last_seq)),
+            count(*),
+            count(*) FILTER (WHERE seq BETWEEN 1 AND $1 AND NOT EXISTS (
+                SELECT 1 FROM audit_gaps g WHERE s.seq BETWEEN g.first_seq AND g.last_seq)),
             (SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM audit_gaps
                 WHERE first_seq >= 1 AND last_seq <= $1)
-        FROM audit_events a
+        FROM audit_seals s
         """,
         sealed_through,
     )
@@ -298,7 +320,7 @@ async def unaccounted(conn: Connection, head: ChainHead | None, anchor: Anchor) 
 
 async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str]:
     rows = await conn.fetch(
-        "SELECT chain_pos, hash FROM audit_events WHERE chain_pos = ANY($1::bigint[])",
+        "SELECT chain_pos, hash FROM audit_seals WHERE chain_pos = ANY($1::bigint[])",
         list(positions),
     )
     return {r["chain_pos"]: r["hash"] for r in rows}
@@ -306,7 +328,12 @@ async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str
 
 async def chain_page(conn: Connection, after_pos: int, limit: int) -> list[AuditRow]:
     """Sealed rows after chain position ``after_pos``, in chain order."""
-    sql = f"SELECT {_ROW} FROM audit_events WHERE chain_pos > $1 ORDER BY chain_pos LIMIT $2"
+    sql = f"""
+        SELECT {_ROW} FROM (SELECT * FROM audit_seals WHERE chain_pos > $1
+            ORDER BY chain_pos LIMIT $2) s
+        JOIN LATERAL (SELECT * FROM audit_events e WHERE {_SEAL_OF} LIMIT 1) e ON true
+        ORDER BY s.chain_pos
+    """
     return [_row(r) for r in await conn.fetch(sql, after_pos, limit)]
 
 
@@ -316,39 +343,127 @@ async def anchor(conn: Connection) -> Anchor:
     return Anchor(*row) if row else Anchor()
 
 
-async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
-    """Remove up to ``limit`` rows from the start of the chain, all of them written before
-    ``before`` (a later one stops the batch), and move the anchor past them in the
-    same transaction: the chain left behind still verifies from the anchor, and rows are
-    never removed from its middle or its end. The number removed."""
-    rows = await conn.fetch(
-        """
-        SELECT chain_pos, hash, at FROM audit_events
-        WHERE chain_pos > coalesce((SELECT chain_pos FROM audit_anchor), 0)
-        ORDER BY chain_pos LIMIT $1
-        """,
-        limit,
+# Partitions and retention by month (``app.audit.archive``). Both tables are partitioned by
+# the calendar month (UTC) of ``at``, with the same bounds; a month's partitions are named
+# ``audit_events_YYYY_MM`` and ``audit_seals_YYYY_MM``.
+
+
+def _suffix(month: date) -> str:
+    return f"{month.year:04d}_{month.month:02d}"
+
+
+async def create_partitions(conn: Connection, month: date) -> bool:
+    """Make ``month``'s partitions if they are missing; whether any was made."""
+    return bool(await conn.fetchval("SELECT audit_partitions($1)", month))
+
+
+async def months(conn: Connection) -> list[date]:
+    """The months that have partitions, oldest first (the DEFAULT partition is not one)."""
+    names = await conn.fetch(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'audit_events'::regclass"
     )
-    cut = next((i for i, r in enumerate(rows) if r["at"] >= before), len(rows))
-    if not cut:
-        return 0
-    first, last = rows[0]["chain_pos"], rows[cut - 1]
+    found = (re.fullmatch(r"audit_events_(\d{4})_(\d{2})", r["relname"]) for r in names)
+    return sorted(date(int(m[1]), int(m[2]), 1) for m in found if m)
+
+
+async def outside_months(conn: Connection) -> int:
+    """Rows in the DEFAULT partition: their month had no partition when they came."""
+    return int(await conn.fetchval("SELECT count(*) FROM audit_events_default"))
+
+
+async def unsealed_between(conn: Connection, first: datetime, end: datetime) -> bool:
+    """Whether a row written in ``[first, end)`` has no seal yet: above ``sealed_through``,
+    or late inside a recorded gap (``unsealed``'s two kinds), both found through keys."""
+    return bool(
+        await conn.fetchval(
+            f"""
+            SELECT EXISTS (SELECT 1 FROM audit_events
+                    WHERE seq > {_SEALED_THROUGH} AND at >= $1 AND at < $2)
+                OR EXISTS (SELECT 1 FROM audit_gaps g, {_LATE_IN_GAP}
+                    WHERE e.at >= $1 AND e.at < $2)
+            """,
+            first,
+            end,
+        )
+    )
+
+
+async def last_pos_between(conn: Connection, first: datetime, end: datetime) -> int | None:
+    """The highest chain position of a row written in ``[first, end)``."""
+    sql = "SELECT max(chain_pos) FROM audit_seals WHERE at >= $1 AND at < $2"
+    return cast(int | None, await conn.fetchval(sql, first, end))
+
+
+async def hash_at(conn: Connection, chain_pos: int) -> str:
+    return cast(
+        str, await conn.fetchval("SELECT hash FROM audit_seals WHERE chain_pos = $1", chain_pos)
+    )
+
+
+async def lock_month(conn: Connection, month: date, timeout: str) -> None:
+    """Hold ``month``'s partitions against every reader and writer until the transaction
+    ends, waiting at most ``timeout`` (then ``LockNotAvailable``)."""
+    await conn.execute(f"SET LOCAL lock_timeout = '{timeout}'")
+    suffix = _suffix(month)
+    await conn.execute(
+        f"LOCK TABLE audit_events_{suffix}, audit_seals_{suffix} IN ACCESS EXCLUSIVE MODE"
+    )
+
+
+async def remove_month(
+    conn: Connection, month: date, first: datetime, end: datetime, anchor: Anchor, last: int
+) -> int:
+    """Cut the chain after position ``last`` (the highest of ``month``'s rows): move the
+    anchor there, delete the rows of other months sealed at or below it (rows near the
+    month's boundary and late rows), and drop ``month``'s partitions. Run after
+    ``lock_month``, in its transaction. The number of chain positions removed."""
+    removed = max(last - anchor.chain_pos, 0)
+    if removed:
+        await conn.execute(
+            """
+            INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)
+            SELECT $2, s.hash, s.at, ($2::bigint - $1::bigint) - (
+                SELECT count(*) FROM audit_gaps g JOIN audit_seals x
+                    ON x.seq BETWEEN g.first_seq AND g.last_seq
+                WHERE x.chain_pos > $1 AND x.chain_pos <= $2)
+            FROM audit_seals s WHERE s.chain_pos = $2
+            ON CONFLICT (id) DO UPDATE SET chain_pos = EXCLUDED.chain_pos,
+                hash = EXCLUDED.hash, at = EXCLUDED.at,
+                outside_gaps = audit_anchor.outside_gaps + EXCLUDED.outside_gaps,
+                updated_at = now()
+            """,
+            anchor.chain_pos,
+            last,
+        )
+        others = "s.chain_pos > $1 AND s.chain_pos <= $2 AND (s.at < $3 OR s.at >= $4)"
+        args = (anchor.chain_pos, last, first, end)
+        await conn.execute(
+            f"DELETE FROM audit_events e USING audit_seals s WHERE {others}"
+            " AND s.seq = e.seq AND s.at = e.at",
+            *args,
+        )
+        await conn.execute(f"DELETE FROM audit_seals s WHERE {others}", *args)
+    suffix = _suffix(month)
+    await conn.execute(f"DROP TABLE audit_events_{suffix}, audit_seals_{suffix}")
+    return removed
+
+
+async def record_archive(conn: Connection, archived: Archived) -> None:
     await conn.execute(
         """
-        INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)
-        SELECT $2, $3, $4, count(*) FROM audit_events a
-        WHERE chain_pos BETWEEN $1 AND $2 AND NOT EXISTS (
-            SELECT 1 FROM audit_gaps g WHERE a.seq BETWEEN g.first_seq AND g.last_seq)
-        ON CONFLICT (id) DO UPDATE SET chain_pos = EXCLUDED.chain_pos, hash = EXCLUDED.hash,
-            at = EXCLUDED.at, outside_gaps = audit_anchor.outside_gaps + EXCLUDED.outside_gaps,
-            updated_at = now()
+        INSERT INTO audit_archives (file, month, first_pos, last_pos, prev_hash, last_hash,
+            rows, sha256)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
         """,
-        first,
-        last["chain_pos"],
-        last["hash"],
-        last["at"],
+        *(getattr(archived, f.name) for f in fields(Archived)),
     )
-    status = await conn.execute(
-        "DELETE FROM audit_events WHERE chain_pos BETWEEN $1 AND $2", first, last["chain_pos"]
+
+
+async def archives(conn: Connection) -> list[Archived]:
+    """Every archive file recorded, in chain order."""
+    rows = await conn.fetch(
+        f"SELECT {', '.join(f.name for f in fields(Archived))} FROM audit_archives"
+        " ORDER BY first_pos"
     )
-    return int(status.split()[-1])
+    return [Archived(*r) for r in rows]

@@ -1,0 +1,269 @@
+"""The audit trail by month: partitions made ahead, old months removed whole, and the
+archive files that keep them verifiable.
+
+Why months: removing old audit rows one by one rewrote indexes and left dead rows for
+VACUUM in proportion to the history removed. ``audit_events`` and ``audit_seals`` are
+partitioned by the calendar month (UTC) of ``at`` (migration 0016), so retention drops a
+month's two partitions instead.
+
+- **Partitions ahead.** ``maintain`` makes the current month's and the next ``AHEAD``
+  months' partitions, on start-up and in every purger pass (under its lock). A row whose
+  month has no partition lands in the DEFAULT partition: it is logged as an error, and that
+  partition is never dropped as a month (its rows leave only with a later month's cut).
+- **The chain stays a prefix cut.** A month goes only when its whole range is older than
+  the cutoff and every row of it is sealed. The anchor moves to the highest chain position
+  among its rows; rows of other months sealed at or below it (near the month's boundary,
+  late rows) are deleted in the same transaction, which then drops the partitions. Verify
+  walks from the anchor as before.
+- **Archived first, when configured** (``TOOLGATE_AUDIT_ARCHIVE_DIR``). The stretch of the
+  chain the cut removes, from the old anchor to the new one, is checked (every link and
+  hash recomputed) and written to a file there, one JSON line per row in exactly the item
+  format of ``GET /audit/export`` (written to a temporary name, fsynced, renamed). Its
+  ``audit_archives`` row (positions, the hash before the first row and the last one's, row
+  count, SHA-256) is inserted in the transaction that drops the month. A write that fails,
+  or a chain that does not hold, removes nothing; the next pass tries again.
+  ``toolgate audit verify --archive DIR`` checks the files (``check``).
+- **Short locks.** The month's partitions are locked, then dropped, which needs the parent
+  tables for a moment: both wait at most ``LOCK_TIMEOUT``, so a long verify or export holding
+  them postpones the removal to the next pass instead of queueing every insert behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import orjson
+
+from app.audit import chain, store
+from app.audit.models import Anchor, Archived, Broken
+from app.db import Connection, Database, DatabaseError, LockNotAvailable
+
+AHEAD = 2
+LOCK_TIMEOUT = "2s"
+PAGE = 1000
+log = logging.getLogger("toolgate.audit")
+
+
+def bounds(month: date) -> tuple[datetime, datetime]:
+    """``[first, end)`` of a month, UTC."""
+    first = datetime(month.year, month.month, 1, tzinfo=UTC)
+    return first, _next(first)
+
+
+def _next(at: datetime) -> datetime:
+    return (at.replace(day=1) + timedelta(days=32)).replace(day=1)
+
+
+async def maintain(conn: Connection, now: datetime) -> None:
+    """Make the partitions of ``now``'s month and the next ``AHEAD``; log rows that found no
+    month partition."""
+    month = now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    for _ in range(AHEAD + 1):
+        try:
+            async with conn.transaction():
+                if await store.create_partitions(conn, month.date()):
+                    log.info("audit partitions for %s made", f"{month:%Y-%m}")
+        except DatabaseError as exc:
+            log.error("audit partitions for %s not made: %s", f"{month:%Y-%m}", exc)
+        month = _next(month)
+    stray = await store.outside_months(conn)
+    if stray:
+        log.error(
+            "%d audit rows are in the default partition: no month partition was there for "
+            "their time. They stay until a later month is removed; make partitions ahead "
+            "(the purger's pass does) so that none land there",
+            stray,
+        )
+
+
+async def remove_months(db: Database, before: datetime, directory: Path | None) -> int:
+    """Remove, oldest first, every month wholly before ``before`` that can go now; chain
+    positions removed. A month that cannot (rows unsealed, archive not written, locks not
+    granted in time) stops the pass: later months wait behind it."""
+    removed = 0
+    async with db.connection() as conn:
+        months = await store.months(conn)
+    for month in months:
+        if bounds(month)[1] > before:
+            break
+        done = await _remove(db, month, directory)
+        if done is None:
+            break
+        removed += done
+    return removed
+
+
+async def _remove(db: Database, month: date, directory: Path | None) -> int | None:
+    first, end = bounds(month)
+    async with db.connection() as conn:
+        if await store.unsealed_between(conn, first, end):
+            log.warning(
+                "audit month %s kept: some of its rows are not sealed yet", f"{month:%Y-%m}"
+            )
+            return None
+        anchor = await store.anchor(conn)
+        last = await store.last_pos_between(conn, first, end) or anchor.chain_pos
+        archived = None
+        if directory is not None and last > anchor.chain_pos:
+            archived = await _write(conn, directory, month, anchor, last)
+            if archived is None:
+                return None
+    try:
+        async with db.transaction() as conn:
+            await store.lock_month(conn, month, LOCK_TIMEOUT)
+            if (
+                await store.unsealed_between(conn, first, end)
+                or await store.anchor(conn) != anchor
+                or (await store.last_pos_between(conn, first, end) or anchor.chain_pos) != last
+            ):
+                log.warning("audit month %s kept: it changed while archived", f"{month:%Y-%m}")
+                return None
+            if archived is not None:
+                await store.record_archive(conn, archived)
+            removed = await store.remove_month(conn, month, first, end, anchor, last)
+    except LockNotAvailable:
+        log.warning("audit month %s kept for now: its tables were busy", f"{month:%Y-%m}")
+        return None
+    log.info(
+        "audit month %s removed (chain positions up to %d)%s",
+        f"{month:%Y-%m}",
+        last,
+        f", archived to {archived.file}" if archived else "; no archive configured",
+    )
+    return removed
+
+
+async def _write(
+    conn: Connection, directory: Path, month: date, anchor: Anchor, last: int
+) -> Archived | None:
+    """Check and write positions ``anchor.chain_pos + 1 .. last`` to a file in
+    ``directory``; None (logged) when the chain does not hold or the file cannot be written."""
+    name = f"audit-{month:%Y-%m}-{anchor.chain_pos + 1:012d}-{last:012d}.ndjson"
+    temporary = directory / f".{name}.partial"
+    digest, walk = hashlib.sha256(), chain.Walk(anchor.chain_pos, anchor.hash)
+    try:
+        with temporary.open("wb") as out:
+            while walk.chain_pos < last:
+                rows = await store.chain_page(conn, walk.chain_pos, PAGE)
+                rows = [r for r in rows if r.chain_pos is not None and r.chain_pos <= last]
+                walk = chain.check(walk, rows, last)
+                if walk.broken is not None or not rows:
+                    broken = walk.broken or Broken(None, walk.chain_pos + 1, "rows missing")
+                    log.error(
+                        "audit month %s not archived: the chain breaks at position %d (%s); "
+                        "run toolgate audit verify",
+                        f"{month:%Y-%m}",
+                        broken.chain_pos,
+                        broken.reason,
+                    )
+                    temporary.unlink(missing_ok=True)
+                    return None
+                lines = b"".join(orjson.dumps(chain.item(r)) + b"\n" for r in rows)
+                digest.update(lines)
+                out.write(lines)
+            out.flush()
+            os.fsync(out.fileno())
+        temporary.rename(directory / name)
+        _sync_directory(directory)
+    except OSError as exc:
+        log.error("audit month %s not archived to %s: %s", f"{month:%Y-%m}", directory, exc)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        return None
+    count = last - anchor.chain_pos
+    return Archived(
+        name, month, anchor.chain_pos + 1, last, anchor.hash, walk.hash, count, digest.hexdigest()
+    )
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the rename durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Checked:
+    """What ``check`` found: rows recomputed, hashes at the positions asked for, the first
+    problem."""
+
+    rows: int = 0
+    hashes: dict[int, str] = field(default_factory=dict)
+    broken: Broken | None = None
+
+
+def check(directory: Path, archives: list[Archived], anchor: Anchor, wanted: set[int]) -> Checked:
+    """Recompute every archived file's chain: each file as recorded (SHA-256, row count,
+    first and last hash), each one following the one before, and the last one ending where
+    the database's chain starts (the anchor). ``wanted``: positions whose hashes to return
+    (published checkpoints)."""
+    checked = Checked()
+    previous: Archived | None = None
+    for archived in archives:
+        problem = _follows(previous, archived)
+        if problem is None:
+            problem = _check_file(directory, archived, wanted, checked)
+        if problem is not None:
+            checked.broken = Broken(None, archived.first_pos, problem)
+            return checked
+        previous = archived
+    if previous is not None and (previous.last_pos, previous.last_hash) != (
+        anchor.chain_pos,
+        anchor.hash,
+    ):
+        reason = (
+            f"the archive ends at position {previous.last_pos} but the database's chain starts "
+            f"after position {anchor.chain_pos} with another hash"
+        )
+        checked.broken = Broken(None, previous.last_pos, reason)
+    return checked
+
+
+def _follows(previous: Archived | None, archived: Archived) -> str | None:
+    if previous is None or (archived.first_pos, archived.prev_hash) == (
+        previous.last_pos + 1,
+        previous.last_hash,
+    ):
+        return None
+    return f"archive file {archived.file} does not follow {previous.file}"
+
+
+def _check_file(
+    directory: Path, archived: Archived, wanted: set[int], checked: Checked
+) -> str | None:
+    try:
+        content = (directory / archived.file).read_bytes()
+    except OSError as exc:
+        return f"archive file {archived.file} cannot be read: {exc.strerror}"
+    if hashlib.sha256(content).hexdigest() != archived.sha256:
+        return f"archive file {archived.file} does not match its recorded SHA-256: altered"
+    try:
+        items = [orjson.loads(line) for line in content.splitlines()]
+    except orjson.JSONDecodeError:
+        return f"archive file {archived.file} holds a line that is not JSON"
+    walk = chain.Walk(archived.first_pos - 1, archived.prev_hash)
+    for document in items:
+        walk = chain.check_items(walk, [document], archived.last_pos)
+        if walk.broken is not None:
+            return f"archive file {archived.file}, position {walk.broken.chain_pos}: " + (
+                walk.broken.reason
+            )
+        if walk.chain_pos in wanted:
+            checked.hashes[walk.chain_pos] = walk.hash
+    checked.rows += walk.checked
+    if (len(items), walk.chain_pos, walk.hash) != (
+        archived.rows,
+        archived.last_pos,
+        archived.last_hash,
+    ):
+        return f"archive file {archived.file} does not hold the rows recorded for it"
+    return None

@@ -1,0 +1,301 @@
+"""The audit trail by month on real PostgreSQL: old months dropped whole from the start of
+the chain, archived first when configured, and ``toolgate audit verify --archive`` checking
+the archive across the boundary; and a database with sealed rows migrated from 0014."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import orjson
+import pytest
+
+from app import retention
+from app.audit import archive, chain, sealer, store
+from app.audit.models import AuditRow, ChainHead
+from app.audit.service import verify
+from app.db import Database, migrate, migration_files
+from app.settings import Settings
+from tests.conftest import RUN, cli, fresh_database
+from tests.test_audit_chain import connect
+
+NOW = datetime.now(UTC)
+THIS_MONTH = NOW.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def months_ago(n: int) -> date:
+    month = THIS_MONTH
+    for _ in range(n):
+        month = (month - timedelta(days=1)).replace(day=1)
+    return month.date()
+
+
+A, B, C = months_ago(5), months_ago(4), months_ago(3)
+
+
+@dataclass
+class Trail:
+    url: str
+    conn: asyncpg.Connection
+    db: Database
+
+
+@pytest.fixture
+async def trail(lone_database: str) -> AsyncIterator[Trail]:
+    """A database no app seals, with partitions for months A, B and C."""
+    conn = await connect(lone_database)
+    db = Database(lone_database)
+    await db.open(min_size=1, max_size=3)
+    for month in (A, B, C):
+        await store.create_partitions(conn, month)
+    yield Trail(lone_database, conn, db)
+    await db.close()
+    await conn.close()
+
+
+async def write(conn: asyncpg.Connection, month: date, count: int, day: int = 10) -> None:
+    """``count`` audit rows written in ``month`` (as bench/history.py writes old ones)."""
+    first = datetime(month.year, month.month, day, tzinfo=UTC)
+    for n in range(count):
+        await conn.execute(
+            "INSERT INTO audit_events (at, event, tenant, actor, call_id)"
+            " VALUES ($1, 'proposed', 'acme', 'alice', $2)",
+            first + timedelta(minutes=n),
+            f"call_{month:%m}_{n}",
+        )
+
+
+async def seal(trail: Trail) -> None:
+    await sealer.seal_all(trail.db, grace_s=0)
+
+
+async def partitions(conn: asyncpg.Connection) -> set[str]:
+    rows = await conn.fetch(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent IN ('audit_events'::regclass, 'audit_seals'::regclass)"
+    )
+    return {r["relname"] for r in rows}
+
+
+def named(month: date) -> set[str]:
+    return {f"audit_events_{month:%Y_%m}", f"audit_seals_{month:%Y_%m}"}
+
+
+async def published(trail: Trail) -> list[bytes]:
+    """Every sealed row as the export publishes it, in chain order."""
+    rows: list[AuditRow] = []
+    async with trail.db.connection() as conn:
+        while batch := await store.chain_page(conn, len(rows), 100):
+            rows += batch
+    return [orjson.dumps(chain.item(r)) for r in rows]
+
+
+def end_of(month: date) -> datetime:
+    return archive.bounds(month)[1]
+
+
+async def audit_verify(trail: Trail, directory: Path) -> tuple[int, str]:
+    done = await asyncio.to_thread(
+        cli, "audit", "verify", "--archive", str(directory), TOOLGATE_DATABASE_URL=trail.url
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, done.stdout + done.stderr
+
+
+async def test_old_months_are_archived_dropped_and_verified_across_the_archive(
+    trail: Trail, tmp_path: Path
+) -> None:
+    for month in (A, B, C):
+        await write(trail.conn, month, 3)
+    await seal(trail)
+    items = await published(trail)
+
+    removed = await archive.remove_months(trail.db, end_of(B), tmp_path)
+
+    assert removed == 6
+    left = await partitions(trail.conn)
+    assert not (named(A) | named(B)) & left
+    assert named(C) <= left
+    assert await trail.conn.fetchval("SELECT count(*) FROM audit_events") == 3
+    records = await trail.conn.fetch("SELECT * FROM audit_archives ORDER BY first_pos")
+    assert [(r["month"], r["first_pos"], r["last_pos"], r["rows"]) for r in records] == [
+        (A, 1, 3, 3),
+        (B, 4, 6, 3),
+    ]
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [r["file"] for r in records]
+    assert records[0]["prev_hash"] == chain.GENESIS
+    assert records[1]["prev_hash"] == records[0]["last_hash"]
+    contents = [(tmp_path / r["file"]).read_bytes() for r in records]
+    assert b"".join(contents).splitlines() == items[:6], "exactly the export's items"
+    anchor = await trail.conn.fetchrow("SELECT chain_pos, hash FROM audit_anchor")
+    assert tuple(anchor) == (6, records[1]["last_hash"])
+    report = await verify(trail.db)
+    assert (report.ok, report.checked, report.removed_through) == (True, 3, 6), report
+    # Rows past the anchor are still insert-only.
+    for sql in ("DELETE FROM audit_events", "DELETE FROM audit_seals WHERE chain_pos = 7"):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await trail.conn.execute(sql)
+
+    code, out = await audit_verify(trail, tmp_path)
+    assert code == 0, out
+    assert "checked 6 archived rows in 2 files" in out
+
+    # Anyone rewriting an archived row, even with its file's SHA-256 to match, is found.
+    lines = contents[1].splitlines()
+    edited = json.loads(lines[1]) | {"actor": "mallory"}
+    forged = b"\n".join([lines[0], orjson.dumps(edited), *lines[2:]]) + b"\n"
+    (tmp_path / records[1]["file"]).write_bytes(forged)
+    code, out = await audit_verify(trail, tmp_path)
+    assert code == 1, out
+    assert "does not match its recorded SHA-256" in out
+    async with trail.conn.transaction():
+        await trail.conn.execute("SET LOCAL session_replication_role = replica")
+        await trail.conn.execute(
+            "UPDATE audit_archives SET sha256 = encode(sha256($1), 'hex') WHERE month = $2",
+            forged,
+            B,
+        )
+    code, out = await audit_verify(trail, tmp_path)
+    assert code == 1, out
+    assert "position 5: the row's contents do not match its hash" in out
+
+    (tmp_path / records[0]["file"]).unlink()
+    code, out = await audit_verify(trail, tmp_path)
+    assert code == 1, out
+    assert f"archive file {records[0]['file']} cannot be read" in out
+
+
+async def test_without_an_archive_old_months_are_dropped_by_the_purger(
+    trail: Trail, settings: Settings
+) -> None:
+    for month in (A, B):
+        await write(trail.conn, month, 2)
+    await seal(trail)
+    kept = Settings.from_env(
+        {
+            **settings.env,
+            "TOOLGATE_DATABASE_URL": trail.url,
+            "TOOLGATE_RETENTION_DAYS": "30",
+            "TOOLGATE_AUDIT_RETENTION_DAYS": "30",
+        }
+    )
+    removed = await retention.purge(trail.db, kept, end_of(A) + timedelta(days=31), pause_s=0)
+
+    assert removed == {"audit rows": 2}
+    assert not named(A) & await partitions(trail.conn)
+    assert await trail.conn.fetchval("SELECT count(*) FROM audit_archives") == 0
+    report = await verify(trail.db)
+    assert (report.ok, report.checked, report.removed_through) == (True, 2, 2), report
+    # The pass made the months ahead too.
+    assert named(THIS_MONTH.date()) <= await partitions(trail.conn)
+
+
+async def test_a_month_with_unsealed_rows_stays_and_a_late_row_cuts_after_later_rows(
+    trail: Trail, tmp_path: Path
+) -> None:
+    await write(trail.conn, A, 2)
+    await write(trail.conn, B, 2)
+    await seal(trail)
+    await write(trail.conn, A, 1, day=20)  # committed late: sealed after B's rows
+
+    assert await archive.remove_months(trail.db, end_of(B), tmp_path) == 0
+    assert named(A) <= await partitions(trail.conn)
+    assert list(tmp_path.iterdir()) == []
+
+    await seal(trail)
+    # A's last row is at position 5, after B's two rows: the cut takes them along, so B's
+    # month goes at position 5 with nothing left to archive.
+    assert await archive.remove_months(trail.db, end_of(A), tmp_path) == 5
+    assert await trail.conn.fetchval("SELECT count(*) FROM audit_events") == 0
+    assert await trail.conn.fetchval("SELECT count(*) FROM audit_seals") == 0
+    assert named(B) <= await partitions(trail.conn)
+    [record] = await trail.conn.fetch("SELECT first_pos, last_pos, rows FROM audit_archives")
+    assert tuple(record) == (1, 5, 5)
+    report = await verify(trail.db)
+    assert (report.ok, report.removed_through, report.sealed_through) == (True, 5, 5), report
+    assert await archive.remove_months(trail.db, end_of(B), tmp_path) == 0
+    assert not named(B) & await partitions(trail.conn)
+    code, out = await audit_verify(trail, tmp_path)
+    assert code == 0, out
+
+
+async def test_an_archive_that_cannot_be_written_removes_nothing(
+    trail: Trail, tmp_path: Path
+) -> None:
+    await write(trail.conn, A, 2)
+    await seal(trail)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+
+    assert await archive.remove_months(trail.db, end_of(A), blocked / "archive") == 0
+
+    assert named(A) <= await partitions(trail.conn)
+    assert await trail.conn.fetchval("SELECT count(*) FROM audit_events") == 2
+    assert await trail.conn.fetchval("SELECT count(*) FROM audit_archives") == 0
+    assert await trail.conn.fetchval("SELECT count(*) FROM audit_anchor") == 0
+    assert (await verify(trail.db)).ok
+
+
+async def test_a_database_with_sealed_rows_migrates_from_0014_and_its_chain_still_verifies(
+    admin_dsn: str,
+) -> None:
+    async with fresh_database(admin_dsn, f"toolgate_test_{RUN}_0014", migrated=False) as url:
+        conn = await connect(url)
+        try:
+            await conn.execute(
+                "CREATE TABLE schema_migrations (version text PRIMARY KEY,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            for version, path in migration_files():
+                if version > "0014_~":
+                    break
+                await conn.execute(path.read_text())
+                await conn.execute("INSERT INTO schema_migrations VALUES ($1)", version)
+            old = datetime(A.year, A.month, 3, tzinfo=UTC)
+            for at in (old, old + timedelta(hours=1), NOW):
+                await conn.execute(
+                    "INSERT INTO audit_events (at, event, tenant, actor) VALUES"
+                    " ($1, 'proposed', 'acme', 'alice')",
+                    at,
+                )
+            rows = [AuditRow(**dict(r)) for r in await conn.fetch("SELECT * FROM audit_events")]
+            planned = chain.plan(ChainHead(0, chain.GENESIS, 0), rows, NOW, timedelta())
+            for s in planned.seals:
+                await conn.execute(
+                    "UPDATE audit_events SET chain_pos = $1, prev_hash = $2, hash = $3,"
+                    " sealed_at = now() WHERE seq = $4",
+                    s.chain_pos,
+                    s.prev_hash,
+                    s.hash,
+                    s.seq,
+                )
+            await conn.execute(
+                "INSERT INTO audit_chain (chain_pos, hash, sealed_through) VALUES ($1, $2, $3)",
+                *(planned.head.chain_pos, planned.head.hash, planned.head.sealed_through),
+            )
+
+            applied = await migrate(url)
+
+            assert applied == ["0015_audit_seals", "0016_audit_partitions"]
+            assert named(A) | named(THIS_MONTH.date()) <= await partitions(conn)
+            assert await conn.fetchval("SELECT count(*) FROM audit_seals") == 3
+            db = Database(url)
+            await db.open(min_size=1, max_size=2)
+            try:
+                report = await verify(db)
+                assert (report.ok, report.checked, report.sealed_through) == (True, 3, 3)
+                await conn.execute(
+                    "INSERT INTO audit_events (event, tenant, actor) VALUES ('denied', 'a', 'b')"
+                )
+                await sealer.seal_all(db)
+                assert (await verify(db)).checked == 4
+            finally:
+                await db.close()
+        finally:
+            await conn.close()
