@@ -22,7 +22,7 @@ from typing import IO, Any
 import orjson
 from opentelemetry import trace
 
-from app.telemetry import current_fields
+from app.telemetry import current_fields, current_span
 
 QUEUE_SIZE = 10_000
 WRITE_EVERY_S = 0.05
@@ -37,7 +37,7 @@ def stamp(record: logging.LogRecord) -> Ids:
     ids: Ids | None = getattr(record, "toolgate_ids", None)
     if ids is None:
         fields = current_fields()
-        span = trace.get_current_span().get_span_context()
+        span = current_span().get_span_context()
         ids = (
             fields.call_id if fields is not None else None,
             fields.run_id if fields is not None else None,

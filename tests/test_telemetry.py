@@ -166,7 +166,11 @@ async def test_an_incoming_traceparent_is_continued_to_the_provider(
 
 
 async def test_while_nothing_exports_providers_get_the_unsampled_request_context(
-    client: httpx.AsyncClient, auth: Auth, providers: Providers, spans: InMemorySpanExporter
+    client: httpx.AsyncClient,
+    auth: Auth,
+    providers: Providers,
+    spans: InMemorySpanExporter,
+    log_lines: io.StringIO,
 ) -> None:
     sampler = cast(TracerProvider, trace.get_tracer_provider()).sampler
     assert isinstance(sampler, telemetry.WhileExporting)
@@ -189,6 +193,12 @@ async def test_while_nothing_exports_providers_get_the_unsampled_request_context
     ]
     assert owner == forwarded
     assert not int(owner.rsplit("-", 1)[1], 16) & 1  # the sampled flag is off
+    # ...and the request's log line names the same trace and span.
+    [line] = [json.loads(line) for line in log_lines.getvalue().splitlines()][:1]
+    assert (line["call_id"], f"00-{line['trace_id']}-{line['span_id']}-00") == (
+        response.json()["call_id"],
+        owner,
+    )
     # A caller's sampled trace is still recorded, provider spans included, and stays sampled.
     assert {s.name for s in spans.get_finished_spans()} == {
         "POST /execute",

@@ -11,7 +11,7 @@ make none of their own: the ids still reach log lines and providers, and nothing
 that nothing would read. Nothing here sees argument values.
 """
 
-from app.telemetry.context import current_fields
+from app.telemetry.context import current_fields, current_span
 from app.telemetry.decisions import bind_call, decided, executed
 from app.telemetry.middleware import TelemetryMiddleware
 from app.telemetry.provider_spans import ProviderCall, owner_lookup, tool_call
@@ -34,6 +34,7 @@ __all__ = [
     "bind_call",
     "build_provider",
     "current_fields",
+    "current_span",
     "decided",
     "executed",
     "flush",

@@ -9,6 +9,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol
 
+from opentelemetry import trace
+
 if TYPE_CHECKING:
     from app.catalog.models import Catalog, Tool
 
@@ -30,9 +32,13 @@ class CallAttempt(Protocol):
 class RequestFields:
     """The request's correlation ids, for every log line and span it produces."""
 
-    __slots__ = ("attempt", "call_id", "propagated", "run_id")
+    __slots__ = ("attempt", "call_id", "propagated", "run_id", "span")
 
-    def __init__(self) -> None:
+    def __init__(self, span: trace.Span = trace.INVALID_SPAN) -> None:
+        self.span = span
+        """The request's SERVER span. Only a recorded one is also OpenTelemetry's current
+        span (the parent of provider spans); the ids of any reach log lines and providers
+        from here."""
         self.call_id: str | None = None
         self.run_id: str | None = None
         self.attempt: CallAttempt | None = None
@@ -47,3 +53,9 @@ request_fields: ContextVar[RequestFields | None] = ContextVar(
 
 def current_fields() -> RequestFields | None:
     return request_fields.get()
+
+
+def current_span() -> trace.Span:
+    """The request's span, or OpenTelemetry's current one outside a request."""
+    fields = request_fields.get()
+    return fields.span if fields is not None else trace.get_current_span()

@@ -9,7 +9,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import StatusCode
 
 from app import metrics
 from app.telemetry import tracing
@@ -53,14 +53,13 @@ class TelemetryMiddleware:
             if k in _TRACE_HEADERS
         }
         parent = propagate.extract(carrier) if carrier else None
-        span = tracing.tracer.start_span(
-            method,
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={"http.request.method": method, "url.path": scope["path"]},
+        span = tracing.server_span(
+            method, parent, {"http.request.method": method, "url.path": scope["path"]}
         )
-        otel_token = otel_context.attach(trace.set_span_in_context(span, parent))
-        fields = RequestFields()
+        otel_token = None
+        if parent is not None or span.is_recording():  # else nothing reads OTel's context
+            otel_token = otel_context.attach(trace.set_span_in_context(span, parent))
+        fields = RequestFields(span)
         fields_token = request_fields.set(fields)
         status = 500
         error: str | None = None
@@ -85,7 +84,8 @@ class TelemetryMiddleware:
                 _describe(span, method, route, status, error, fields)
             span.end()
             request_fields.reset(fields_token)
-            otel_context.detach(otel_token)
+            if otel_token is not None:
+                otel_context.detach(otel_token)
 
 
 def _route(scope: Scope) -> str | None:

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from app import metrics
 from app.telemetry import tracing
-from app.telemetry.context import request_fields
+from app.telemetry.context import current_span, request_fields
 
 if TYPE_CHECKING:
     from app.catalog.models import Endpoint, Provider
@@ -43,7 +43,7 @@ class ProviderCall:
 
     def __enter__(self) -> ProviderCall:
         if self._attributes is None:
-            self._span = trace.get_current_span()
+            self._span = current_span()
         else:
             self._span = tracing.tracer.start_span(
                 self._name, kind=SpanKind.CLIENT, attributes=self._attributes
@@ -105,7 +105,7 @@ def tool_call(
     if fields is not None:
         fields.call_id = call_id
     name = "execute_tool" if kind == "execute" else kind
-    if not trace.get_current_span().is_recording():
+    if not current_span().is_recording():
         return ProviderCall(f"{name} {tool_name}", provider.name, kind, None)
     attributes = _provider_attributes(provider, endpoint, kind)
     attributes["toolgate.call_id"] = call_id
@@ -128,7 +128,7 @@ def tool_call(
 def owner_lookup(provider: Provider, endpoint: Endpoint, resource_type: str) -> ProviderCall:
     """The span of an ownership lookup made while deciding a call."""
     name = f"owner_lookup {resource_type}"
-    if not trace.get_current_span().is_recording():
+    if not current_span().is_recording():
         return ProviderCall(name, provider.name, "owner", None)
     attributes = _provider_attributes(provider, endpoint, "owner")
     attributes["toolgate.resource.type"] = resource_type

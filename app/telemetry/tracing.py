@@ -15,15 +15,18 @@ from typing import Any
 
 from fastapi.telemetry import TelemetryConfig
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ParentBased,
     Sampler,
     SamplingResult,
 )
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind
 
 DEFAULT_SERVICE_NAME = "toolgate"
 FASTAPI_OFF: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
@@ -31,6 +34,8 @@ FASTAPI_OFF: TelemetryConfig = {"tracing": False, "metrics": False, "logs": Fals
 and add two per request (dependencies, endpoint); its metrics would need an OTel meter."""
 tracer: trace.Tracer = trace.get_tracer("toolgate")
 """The process's tracer, once ``setup`` has run: request and provider spans start here."""
+_idle: tuple[WhileExporting, IdGenerator] | None = None
+"""The sampler and id generator of ``setup``'s provider, when it samples ``WhileExporting``."""
 
 
 class WhileExporting(Sampler):
@@ -57,12 +62,27 @@ class WhileExporting(Sampler):
 
 def setup(env: Mapping[str, str]) -> None:
     """Install the SDK tracer provider once per process (later calls reuse it)."""
-    global tracer
+    global tracer, _idle
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
         provider = build_provider(env)
         trace.set_tracer_provider(provider)
     tracer = provider.get_tracer("toolgate")
+    _idle = None
+    if isinstance(provider, TracerProvider) and isinstance(provider.sampler, WhileExporting):
+        _idle = (provider.sampler, provider.id_generator)
+
+
+def server_span(name: str, parent: Context | None, attributes: dict[str, Any]) -> trace.Span:
+    """A request's SERVER span. Without a caller's trace and with nothing exporting, it is
+    the non-recording span the sampler would make, made directly: the common case skips the
+    SDK's sampling and span machinery."""
+    if parent is None and _idle is not None and not _idle[0].exporting:
+        ids = _idle[1]
+        return NonRecordingSpan(
+            SpanContext(ids.generate_trace_id(), ids.generate_span_id(), is_remote=False)
+        )
+    return tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
 
 
 def add_span_processor(provider: TracerProvider, processor: SpanProcessor) -> None:
