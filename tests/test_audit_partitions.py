@@ -165,6 +165,21 @@ async def test_old_months_are_archived_dropped_and_verified_across_the_archive(
     assert code == 1, out
     assert "position 5: the row's contents do not match its hash" in out
 
+    # A line that is JSON but not a row (a list, a row without its hash) is a break too.
+    for line in (b"[1]", orjson.dumps({k: v for k, v in edited.items() if k != "hash"})):
+        forged = b"\n".join([lines[0], line, *lines[2:]]) + b"\n"
+        (tmp_path / records[1]["file"]).write_bytes(forged)
+        async with trail.conn.transaction():
+            await trail.conn.execute("SET LOCAL session_replication_role = replica")
+            await trail.conn.execute(
+                "UPDATE audit_archives SET sha256 = encode(sha256($1), 'hex') WHERE month = $2",
+                forged,
+                B,
+            )
+        code, out = await audit_verify(trail, tmp_path)
+        assert code == 1, out
+        assert "holds a line that is not an audit row" in out
+
     (tmp_path / records[0]["file"]).unlink()
     code, out = await audit_verify(trail, tmp_path)
     assert code == 1, out

@@ -250,6 +250,8 @@ def _check_file(
         items = [orjson.loads(line) for line in content.splitlines()]
     except orjson.JSONDecodeError:
         return f"archive file {archived.file} holds a line that is not JSON"
+    if not all(isinstance(item, dict) and isinstance(item.get("hash"), str) for item in items):
+        return f"archive file {archived.file} holds a line that is not an audit row"
     walk = chain.Walk(archived.first_pos - 1, archived.prev_hash)
     for document in items:
         walk = chain.check_items(walk, [document], archived.last_pos)
