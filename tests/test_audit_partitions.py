@@ -154,13 +154,7 @@ async def test_old_months_are_archived_dropped_and_verified_across_the_archive(
     code, out = await audit_verify(trail, tmp_path)
     assert code == 1, out
     assert "does not match its recorded SHA-256" in out
-    async with trail.conn.transaction():
-        await trail.conn.execute("SET LOCAL session_replication_role = replica")
-        await trail.conn.execute(
-            "UPDATE audit_archives SET sha256 = encode(sha256($1), 'hex') WHERE month = $2",
-            forged,
-            B,
-        )
+    await record_sha256(trail, forged)
     code, out = await audit_verify(trail, tmp_path)
     assert code == 1, out
     assert "position 5: the row's contents do not match its hash" in out
@@ -169,13 +163,7 @@ async def test_old_months_are_archived_dropped_and_verified_across_the_archive(
     for line in (b"[1]", orjson.dumps({k: v for k, v in edited.items() if k != "hash"})):
         forged = b"\n".join([lines[0], line, *lines[2:]]) + b"\n"
         (tmp_path / records[1]["file"]).write_bytes(forged)
-        async with trail.conn.transaction():
-            await trail.conn.execute("SET LOCAL session_replication_role = replica")
-            await trail.conn.execute(
-                "UPDATE audit_archives SET sha256 = encode(sha256($1), 'hex') WHERE month = $2",
-                forged,
-                B,
-            )
+        await record_sha256(trail, forged)
         code, out = await audit_verify(trail, tmp_path)
         assert code == 1, out
         assert "holds a line that is not an audit row" in out
@@ -184,6 +172,18 @@ async def test_old_months_are_archived_dropped_and_verified_across_the_archive(
     code, out = await audit_verify(trail, tmp_path)
     assert code == 1, out
     assert f"archive file {records[0]['file']} cannot be read" in out
+
+
+async def record_sha256(trail: Trail, forged: bytes) -> None:
+    """Forge month B's recorded SHA-256 to match ``forged``, as someone with write access to
+    the database could (past the insert-only trigger)."""
+    async with trail.conn.transaction():
+        await trail.conn.execute("SET LOCAL session_replication_role = replica")
+        await trail.conn.execute(
+            "UPDATE audit_archives SET sha256 = encode(sha256($1), 'hex') WHERE month = $2",
+            forged,
+            B,
+        )
 
 
 async def test_without_an_archive_old_months_are_dropped_by_the_purger(
