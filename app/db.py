@@ -14,6 +14,7 @@ import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -222,16 +223,17 @@ class Insert:
 
     sql: str
     columns: tuple[str, ...]
+    values: Callable[[Any], tuple[Any, ...]]
+    """A row's values in column order, read in one call (``attrgetter``; a row type has
+    more than one column, so it gives a tuple)."""
 
     @classmethod
     def of(cls, table: str, row_type: type, generated: Iterable[str] = ()) -> Insert:
         skip = set(generated)
         columns = tuple(f.name for f in fields(row_type) if f.name not in skip)
         placeholders = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
-        return cls(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})", columns)
-
-    def values(self, row: Any) -> list[Any]:
-        return [getattr(row, name) for name in self.columns]
+        sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})"
+        return cls(sql, columns, attrgetter(*columns))
 
 
 def migration_files() -> list[tuple[str, Path]]:

@@ -104,7 +104,7 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
     unfit = recordable.problems(raw)
     if unfit:
         raise InvalidArguments("arguments hold values that cannot be recorded", errors=unfit)
-    arguments = _with_defaults(tool.parameters, copy.deepcopy(raw))
+    arguments = _with_defaults(tool.parameters, raw)
     errors = [
         {"path": "/" + "/".join(str(p) for p in e.instance_path), "message": e.message}
         for e in tool.validator.iter_errors(arguments)
@@ -186,22 +186,24 @@ def _check_path_segments(tool: Tool, arguments: Mapping[str, Any]) -> None:
 
 
 def _with_defaults(schema: Mapping[str, Any], value: Any) -> Any:
-    """Defaults filled in for absent properties, at every object level. ``null`` for a
-    property the schema does not require counts as absent: OpenAI's strict mode makes
-    every property required and has the model send ``null`` for the ones it leaves out."""
+    """``value`` with defaults filled in for absent properties, at every object level, as
+    new objects (``value`` is left as it is). ``null`` for a property the schema does not
+    require counts as absent: OpenAI's strict mode makes every property required and has
+    the model send ``null`` for the ones it leaves out."""
     if not isinstance(value, dict):
         return value
+    filled = dict(value)
     required = schema.get("required", ())
     for name, prop in schema.get("properties", {}).items():
         if not isinstance(prop, dict):
             continue
-        if name in value and value[name] is None and name not in required:
-            del value[name]
-        if name not in value and "default" in prop:
-            value[name] = copy.deepcopy(prop["default"])
-        if name in value:
-            value[name] = _with_defaults(prop, value[name])
-    return value
+        if name in filled and filled[name] is None and name not in required:
+            del filled[name]
+        if name not in filled and "default" in prop:
+            filled[name] = copy.deepcopy(prop["default"])
+        if name in filled:
+            filled[name] = _with_defaults(prop, filled[name])
+    return filled
 
 
 def precheck(principal: Principal, call: PreparedCall) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from typing import Any
 
 from app.catalog.models import Tool
@@ -11,31 +12,44 @@ from app.catalog.models import Tool
 REDACTED = "[redacted]"
 
 
-def minimize(body: Any, fields: Iterable[str] | None, redact: Iterable[str]) -> Any:
+Plan = dict[str, "Plan | None"]
+"""Which members to keep, per level: ``None`` keeps the member whole."""
+
+
+def minimize(body: Any, fields: Sequence[str] | None, redact: Iterable[str]) -> Any:
     """Keep only ``fields`` (dotted paths; ``None`` keeps all), then mask ``redact`` paths.
 
     Lists are walked element-wise, so ``items.id`` keeps ``id`` of every item.
     """
-    kept = copy.deepcopy(body) if fields is None else _keep(body, [f.split(".") for f in fields])
+    kept = copy.deepcopy(body) if fields is None else _keep(body, _plan(tuple(fields)))
     for dotted in redact:
         _mask(kept, dotted.split("."))
     return kept
 
 
-def _keep(node: Any, paths: list[list[str]]) -> Any:
+@lru_cache(maxsize=1024)
+def _plan(fields: tuple[str, ...]) -> Plan:
+    """The dotted paths as a tree, made once per catalog's list of fields."""
+    return _plan_of([f.split(".") for f in fields])
+
+
+def _plan_of(paths: list[list[str]]) -> Plan:
+    plan: Plan = {}
+    for head in dict.fromkeys(p[0] for p in paths):
+        rests = [p[1:] for p in paths if p[0] == head]
+        plan[head] = None if any(not rest for rest in rests) else _plan_of(rests)
+    return plan
+
+
+def _keep(node: Any, plan: Plan) -> Any:
     if isinstance(node, list):
-        return [_keep(item, paths) for item in node]
+        return [_keep(item, plan) for item in node]
     if not isinstance(node, dict):
         return None
     result: dict[str, Any] = {}
-    for head in dict.fromkeys(p[0] for p in paths):
-        if head not in node:
-            continue
-        rests = [p[1:] for p in paths if p[0] == head]
-        if any(not rest for rest in rests):
-            result[head] = _copy(node[head])
-        else:
-            result[head] = _keep(node[head], rests)
+    for head, rest in plan.items():
+        if head in node:
+            result[head] = _copy(node[head]) if rest is None else _keep(node[head], rest)
     return result
 
 

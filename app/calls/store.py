@@ -132,7 +132,7 @@ async def claim(conn: Connection, execution: ExecutionRow, call: CallRow | None 
     if call is None:
         sql, values = _CLAIM_NEW, _EXECUTION.values(execution)
     else:
-        sql, values = _CLAIM_WITH_CALL, [*_EXECUTION.values(execution), *_CALL.values(call)]
+        sql, values = _CLAIM_WITH_CALL, _EXECUTION.values(execution) + _CALL.values(call)
     if (await conn.execute(sql, *values)).endswith(" 1"):
         return True
     expired = await conn.execute(
