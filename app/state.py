@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from app.auth.tokens import TokenVerifier
 from app.calls.waiting import CallWaiters
@@ -26,3 +27,7 @@ class AppState:
     locks: Locks
     waiters: CallWaiters
     """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
+    heavy: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    """Held by an audit export or verification: this process runs one at a time, the rest
+    wait their turn, so heavy reads take a bounded share of a worker that answers
+    decisions."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app.audit import service
@@ -85,6 +86,33 @@ async def audit_export(
     return StreamingResponse(lines, media_type="application/x-ndjson")
 
 
+CLIENT_GONE = 499
+"""The status recorded (in metrics; nobody receives it) for a verification whose client left
+before it was done."""
+
+
 @router.get("/audit/verify", response_model=Verification)
-async def audit_verify(principal: CurrentPrincipal, state: State) -> JSON:
-    return JSON((await service.verify_for(state, principal)).as_dict())
+async def audit_verify(request: Request, principal: CurrentPrincipal, state: State) -> Response:
+    # Stopped when the client leaves: verifying a long chain for nobody would hold a
+    # snapshot and a share of this worker for minutes.
+    verifying = asyncio.ensure_future(service.verify_for(state, principal))
+    leaving = asyncio.ensure_future(_left(request))
+    try:
+        await asyncio.wait((verifying, leaving), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        leaving.cancel()
+        verifying.cancel()  # nothing, once it is done
+    try:
+        report = await verifying
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():  # this request itself is stopping
+            raise
+        return Response(status_code=CLIENT_GONE)
+    return JSON(report.as_dict())
+
+
+async def _left(request: Request) -> None:
+    """Returns once the client has disconnected (a GET's request carries no body to read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
