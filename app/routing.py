@@ -33,6 +33,7 @@ from fastapi.routing import APIRoute
 from starlette import routing
 from starlette.types import Receive, Scope, Send
 
+from app import load
 from app.bodies import Body
 from app.deps import read_body
 
@@ -51,8 +52,9 @@ class DecisionRoute(APIRoute):
         handler = self.get_route_handler()
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
-            response = await handler(Request(scope, receive, send))
-            await response(scope, receive, send)
+            with load.deciding():
+                response = await handler(Request(scope, receive, send))
+                await response(scope, receive, send)
 
         self.app = app
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from app import cursors
+from app import cursors, load
 from app.audit import archive, chain, checkpoints, sealer, store
 from app.audit.checkpoints import Exported, PublicKey, SigningKey
 from app.audit.models import AuditFilter, AuditRow, VerifyReport
@@ -36,12 +36,13 @@ REST_RATIO = 20.0
 class Paced:
     """Exports and verification run on the workers that answer decisions, so they work in
     small steps (a page of ``EXPORT_PAGE`` or ``VERIFY_PAGE`` rows read, ``VERIFY_SLICE``
-    hashed) and rest after each ``REST_RATIO`` times as long as it took (at least
-    ``pause_s``): a decision waiting behind one waits for a step, not for thousands of rows,
-    and a long export or verify takes about a twentieth of its worker (``bench/scale.py``:
-    beside them, a saturated worker's read p99 stayed within the run-to-run noise, where a
-    third raised it 1.5 to 5 times). ``pause_s=0`` (the command line, which serves nobody
-    else) only yields."""
+    hashed). While the worker is serving decisions (``app.load.busy``), each step is followed
+    by a rest ``REST_RATIO`` times as long as it took (at least ``pause_s``): a decision
+    waiting behind one waits for a step, not for thousands of rows, and a long export or
+    verify takes about a twentieth of the worker (``bench/scale.py``: beside them, a
+    saturated worker's read p99 stayed within the run-to-run noise, where a third raised it
+    1.5 to 5 times). On an idle worker, and with ``pause_s=0`` (the command line, which
+    serves nobody else), a step only yields."""
 
     def __init__(self, pause_s: float = HEAVY_PAUSE_S) -> None:
         self._pause_s = pause_s
@@ -49,7 +50,8 @@ class Paced:
 
     async def rest(self) -> None:
         took = time.perf_counter() - self._since
-        await asyncio.sleep(max(self._pause_s, REST_RATIO * took) if self._pause_s else 0)
+        resting = self._pause_s and load.busy()
+        await asyncio.sleep(max(self._pause_s, REST_RATIO * took) if resting else 0)
         self._since = time.perf_counter()
 
 

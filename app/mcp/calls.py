@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from app import load
 from app.approvals import service as approvals
 from app.approvals.models import ApproveBody
 from app.auth.principal import Principal
@@ -104,12 +105,14 @@ def request_key(session: str, request_id: str | int, tool: str, arguments: Any) 
 
 
 async def call_tool(state: AppState, ask: Ask) -> Outcome:
-    """Run ``ask`` as far as toolgate may now; every refusal is a ``Refused``."""
+    """Run ``ask`` as far as toolgate may now; every refusal is a ``Refused``. A decision
+    like those of the HTTP routes, so it is counted as one (``app.load``)."""
     try:
-        if ask.request_state is not None:
-            return await _resume(state, ask)
-        key = request_key(ask.session, ask.request_id, ask.tool, ask.arguments)
-        return await _replayed(state, ask, key) or await _first(state, ask, key)
+        with load.deciding():
+            if ask.request_state is not None:
+                return await _resume(state, ask)
+            key = request_key(ask.session, ask.request_id, ask.tool, ask.arguments)
+            return await _replayed(state, ask, key) or await _first(state, ask, key)
     except ToolgateError as error:
         return Refused(error)
 
