@@ -1,26 +1,27 @@
-"""How many decision requests this process is serving right now (``DecisionRoute`` counts
-them): audit exports and verifications rest between their steps only while there are any,
-so they run at full speed on an idle worker and take a small share of a busy one."""
+"""How many decision requests this process is serving right now (``DecisionRoute`` and the
+MCP front door count them): audit exports and verifications rest between their steps only
+while there are any, so they run at full speed on an idle worker and take a small share of a
+busy one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-_deciding = 0
+class _Deciding:
+    """``with deciding:`` counts one decision request while it is served (a plain context
+    manager: it runs on every decision)."""
+
+    count = 0
+
+    def __enter__(self) -> None:
+        _Deciding.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        _Deciding.count -= 1
 
 
-@contextmanager
-def deciding() -> Iterator[None]:
-    """Counts one decision request while it is served."""
-    global _deciding
-    _deciding += 1
-    try:
-        yield
-    finally:
-        _deciding -= 1
+deciding = _Deciding()
 
 
 def busy() -> bool:
     """Whether a decision request is being served in this process."""
-    return _deciding > 0
+    return _Deciding.count > 0

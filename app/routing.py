@@ -52,7 +52,7 @@ class DecisionRoute(APIRoute):
         handler = self.get_route_handler()
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
-            with load.deciding():
+            with load.deciding:
                 response = await handler(Request(scope, receive, send))
                 await response(scope, receive, send)
 

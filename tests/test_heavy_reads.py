@@ -43,7 +43,7 @@ async def test_an_export_waits_for_a_verification_that_runs_until_its_client_lea
     monkeypatch.setattr(service, "VERIFY_SLICE", 1)  # several seconds, resting after each row
     monkeypatch.setattr(service, "EXPORT_PAGE", ROWS + 1)  # the export itself is one page
     headers = auth("audrey", "acme", "auditor")
-    with load.deciding():  # as if decisions were being served all along
+    with load.deciding:  # as if decisions were being served all along
         await _verify_left_for_an_export(base_url, headers)
     snapshots = await db.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -86,7 +86,7 @@ async def test_heavy_reads_rest_only_while_the_worker_decides() -> None:
     started = time.perf_counter()
     await paced.rest()
     assert time.perf_counter() - started < service.HEAVY_PAUSE_S  # idle: it only yields
-    with load.deciding():
+    with load.deciding:
         await _busy_for(0.01)
         started = time.perf_counter()
         await paced.rest()

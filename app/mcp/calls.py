@@ -108,7 +108,7 @@ async def call_tool(state: AppState, ask: Ask) -> Outcome:
     """Run ``ask`` as far as toolgate may now; every refusal is a ``Refused``. A decision
     like those of the HTTP routes, so it is counted as one (``app.load``)."""
     try:
-        with load.deciding():
+        with load.deciding:
             if ask.request_state is not None:
                 return await _resume(state, ask)
             key = request_key(ask.session, ask.request_id, ask.tool, ask.arguments)
