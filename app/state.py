@@ -27,7 +27,6 @@ class AppState:
     locks: Locks
     waiters: CallWaiters
     """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
-    heavy: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
-    """Held by an audit export or verification: this process runs one at a time, the rest
-    wait their turn, so heavy reads take a bounded share of a worker that answers
-    decisions."""
+    verifying: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    """Held by an audit verification for as long as it runs (a snapshot and a connection):
+    this process runs one at a time."""

@@ -1,11 +1,12 @@
-"""Heavy reads beside decisions: a worker runs one audit export or verification at a time,
-resting between steps while it serves decisions, and a verification stops when its client
-leaves. Over real HTTP (the test app behind uvicorn), so that a client going away is a
-closed connection."""
+"""Heavy reads beside decisions: audit exports and verifications take turns in small steps,
+rest between them while the worker serves decisions, hold nothing while a client is slow to
+read, and a verification stops when its client leaves. Over real HTTP (the test app behind
+uvicorn), so that a client going away is a closed connection."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 
@@ -19,15 +20,18 @@ from app.db import Database
 
 Auth = Callable[..., dict[str, str]]
 ROWS = 2000
-"""Audit rows in the chain: verified one row per slice, with a rest of at least
-``HEAVY_PAUSE_S`` after each while the worker decides, a verification takes seconds."""
+"""Audit rows in the chain, of 10 kB each: an export of them (20 MB) is far more than a
+socket with a small receive buffer and the server's send buffer hold. Verified one row per
+slice, with a rest of at least ``HEAVY_PAUSE_S`` after each while the worker decides, they
+take seconds."""
 
 
 @pytest.fixture
 async def long_chain(db: asyncpg.Connection, database: Database) -> None:
     await db.execute(
-        "INSERT INTO audit_events (event, tenant, actor)"
-        " SELECT 'proposed', 'acme', 'alice' FROM generate_series(1, $1)",
+        "INSERT INTO audit_events (event, tenant, actor, arguments)"
+        " SELECT 'proposed', 'acme', 'alice', jsonb_build_object('note', repeat('x', 10000))"
+        " FROM generate_series(1, $1)",
         ROWS,
     )
     while (await sealer.seal_pending(database)).more or await db.fetchval(
@@ -36,63 +40,67 @@ async def long_chain(db: asyncpg.Connection, database: Database) -> None:
         await asyncio.sleep(0.05)
 
 
+async def in_transaction(db: asyncpg.Connection) -> int:
+    """Other sessions of the test database inside a transaction: a verification's snapshot."""
+    count: int = await db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND xact_start IS NOT NULL AND pid <> pg_backend_pid()"
+    )
+    return count
+
+
 @pytest.mark.usefixtures("long_chain")
-async def test_an_export_waits_for_a_verification_that_runs_until_its_client_leaves(
+async def test_a_verification_stops_when_its_client_leaves(
     base_url: str, auth: Auth, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "VERIFY_SLICE", 1)  # several seconds, resting after each row
-    monkeypatch.setattr(service, "EXPORT_PAGE", ROWS + 1)  # the export itself is one page
+    monkeypatch.setattr(service, "VERIFY_SLICE", 1)
     headers = auth("audrey", "acme", "auditor")
-    with load.deciding:  # as if decisions were being served all along
-        await _verify_left_for_an_export(base_url, headers)
-    snapshots = await db.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND state = 'idle in transaction'"
-    )
-    assert snapshots == 0
-
-
-async def _verify_left_for_an_export(base_url: str, headers: dict[str, str]) -> None:
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as verifier:
-        verifying = asyncio.create_task(verifier.get("/audit/verify"))
-        await asyncio.sleep(0.3)
-        assert not verifying.done()
-        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as exporter:
-            exporting = asyncio.create_task(exporter.get("/audit/export"))
+    with load.deciding:  # as if decisions were being served all along: it rests
+        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
+            verifying = asyncio.create_task(client.get("/audit/verify"))
             await asyncio.sleep(0.5)
-            assert not exporting.done()  # its turn comes after the verification's
-            verifying.cancel()  # the verifying client goes away: its connection closes
+            assert not verifying.done()
+            assert await in_transaction(db) == 1
+            verifying.cancel()  # the client goes away: its connection closes
             left = time.monotonic()
-            export = await exporting
-            waited = time.monotonic() - left
-    assert export.status_code == 200
-    assert len(export.text.splitlines()) == ROWS
-    assert waited < 1.0, f"the export waited {waited:.1f} s for a verification for nobody"
+            while await in_transaction(db) and time.monotonic() - left < 5:
+                await asyncio.sleep(0.02)
+            stopped = time.monotonic() - left
+    assert stopped < 1.0, f"the verification ran on for {stopped:.1f} s for nobody"
 
 
 @pytest.mark.usefixtures("long_chain")
-async def test_a_verification_its_client_waits_for_still_answers(base_url: str, auth: Auth) -> None:
+async def test_an_export_its_client_stopped_reading_holds_up_no_verification(
+    base_url: str, auth: Auth
+) -> None:
     headers = auth("audrey", "acme", "auditor")
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
-        response = await client.get("/audit/verify")
+    loop = asyncio.get_running_loop()
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.socket() as reader:  # a client that reads a little, then nothing
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        reader.setblocking(False)
+        await loop.sock_connect(reader, (host, int(port)))
+        request = f"GET /audit/export HTTP/1.1\r\nHost: {host}\r\n"
+        request += f"Authorization: {headers['Authorization']}\r\n\r\n"
+        await loop.sock_sendall(reader, request.encode())
+        assert (await loop.sock_recv(reader, 4096)).startswith(b"HTTP/1.1 200 ")
+        await asyncio.sleep(0.5)  # the server's sends block on the full socket
+        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
+            response = await asyncio.wait_for(client.get("/audit/verify"), 10)
     assert response.status_code == 200, response.text
-    report = response.json()
-    assert (report["ok"], report["checked"]) == (True, ROWS)
+    assert (response.json()["ok"], response.json()["checked"]) == (True, ROWS)
 
 
-async def test_heavy_reads_rest_only_while_the_worker_decides() -> None:
-    paced = service.Paced()
-    await _busy_for(0.01)
+async def test_heavy_steps_rest_only_while_the_worker_decides() -> None:
+    turns = service.Turns()
+    async with turns.step():
+        await asyncio.sleep(0.01)
     started = time.perf_counter()
-    await paced.rest()
-    assert time.perf_counter() - started < service.HEAVY_PAUSE_S  # idle: it only yields
+    async with turns.step():  # idle: it only yields first
+        assert time.perf_counter() - started < service.HEAVY_PAUSE_S
     with load.deciding:
-        await _busy_for(0.01)
+        async with turns.step():
+            await asyncio.sleep(0.01)
         started = time.perf_counter()
-        await paced.rest()
-        assert time.perf_counter() - started >= service.REST_RATIO * 0.01
-
-
-async def _busy_for(seconds: float) -> None:
-    """A step that took ``seconds`` (a sleep: the rest is measured from the step's start)."""
-    await asyncio.sleep(seconds)
+        async with turns.step():
+            assert time.perf_counter() - started >= service.REST_RATIO * 0.01

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,26 +34,43 @@ HEAVY_PAUSE_S = 0.002
 REST_RATIO = 20.0
 
 
-class Paced:
-    """Exports and verification run on the workers that answer decisions, so they work in
+class Turns:
+    """Exports and verifications run on the workers that answer decisions, so they work in
     small steps (a page of ``EXPORT_PAGE`` or ``VERIFY_PAGE`` rows read, ``VERIFY_SLICE``
-    hashed). While the worker is serving decisions (``app.load.busy``), each step is followed
-    by a rest ``REST_RATIO`` times as long as it took (at least ``pause_s``): a decision
-    waiting behind one waits for a step, not for thousands of rows, and a long export or
-    verify takes about a twentieth of the worker (``bench/scale.py``: beside them, a
-    saturated worker's read p99 stayed within the run-to-run noise, where a third raised it
-    1.5 to 5 times). On an idle worker, and with ``pause_s=0`` (the command line, which
-    serves nobody else), a step only yields."""
+    hashed), one step at a time in a process. While the worker is serving decisions
+    (``app.load.busy``), the next step of any of them waits until ``REST_RATIO`` times as
+    long as the last step took has passed (at least ``HEAVY_PAUSE_S``): a decision waiting
+    behind one waits for a step, not for thousands of rows, and together they take about a
+    twentieth of the worker however many run (``bench/scale.py``: beside them, a saturated
+    worker's read p99 stayed within the run-to-run noise, where a third raised it 1.5 to 5
+    times). On an idle worker, and with ``resting=False`` (the command line, which serves
+    nobody else), a step only yields first. A turn is held for a step only, never while a
+    client is slow to read."""
 
-    def __init__(self, pause_s: float = HEAVY_PAUSE_S) -> None:
-        self._pause_s = pause_s
-        self._since = time.perf_counter()
+    def __init__(self, *, resting: bool = True) -> None:
+        self._resting = resting
+        self._next = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = asyncio.Lock()
 
-    async def rest(self) -> None:
-        took = time.perf_counter() - self._since
-        resting = self._pause_s and load.busy()
-        await asyncio.sleep(max(self._pause_s, REST_RATIO * took) if resting else 0)
-        self._since = time.perf_counter()
+    @asynccontextmanager
+    async def step(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a lock serves one event loop
+            self._loop, self._lock = loop, asyncio.Lock()
+        async with self._lock:
+            wait = self._next - time.perf_counter() if self._resting and load.busy() else 0.0
+            await asyncio.sleep(max(wait, 0.0))
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                ended = time.perf_counter()
+                self._next = ended + max(HEAVY_PAUSE_S, REST_RATIO * (ended - started))
+
+
+TURNS = Turns()
+"""This process's heavy reads' turns."""
 
 
 STALL_S = 60.0
@@ -102,41 +120,40 @@ async def export(
 
     Access, the cursor and the first page are settled before the response starts, so a
     refusal or an unreachable database is still a problem response. No connection is held
-    between pages, so a slow reader costs none. The stream waits for its turn
-    (``AppState.heavy``) before its first line.
+    between pages and no turn (``Turns``) while the client reads, so a slow reader costs
+    none.
     """
     where = readable(state.settings, principal, where)
     async with state.db.connection() as conn:
         first = await store.page(conn, where, _after(cursor), EXPORT_PAGE)
-    return _lines(state, where, first)
+    return _lines(state.db, where, first)
 
 
-async def _lines(state: AppState, where: AuditFilter, rows: list[AuditRow]) -> AsyncIterator[bytes]:
-    async with state.heavy:
-        paced = Paced()
-        while True:
-            yield b"".join(orjson.dumps(chain.item(row)) + b"\n" for row in rows)
-            if len(rows) < EXPORT_PAGE:
-                return
-            await paced.rest()
-            async with state.db.connection() as conn:
-                rows = await store.page(conn, where, rows[-1].seq, EXPORT_PAGE)
+async def _lines(db: Database, where: AuditFilter, rows: list[AuditRow]) -> AsyncIterator[bytes]:
+    while True:
+        async with TURNS.step():
+            lines = b"".join(orjson.dumps(chain.item(row)) + b"\n" for row in rows)
+        yield lines
+        if len(rows) < EXPORT_PAGE:
+            return
+        async with TURNS.step(), db.connection() as conn:
+            rows = await store.page(conn, where, rows[-1].seq, EXPORT_PAGE)
 
 
 async def verify_for(state: AppState, principal: Principal) -> VerifyReport:
-    """The chain verified for an auditor or admin, once this process's other heavy read (an
-    export, another verification) is done."""
+    """The chain verified for an auditor or admin, once this process's other verification
+    is done (each holds a snapshot, and a connection, for as long as it runs)."""
     readable(state.settings, principal, AuditFilter())
     key = checkpoints.signing_key(state.settings)
-    async with state.heavy:
-        return await verify(state.db, key.public if key else None)
+    async with state.verifying:
+        return await verify(state.db, key.public if key else None, turns=TURNS)
 
 
 async def verify(
     db: Database,
     public: PublicKey | None = None,
     exported: Sequence[Exported] = (),
-    pause_s: float = HEAVY_PAUSE_S,
+    turns: Turns | None = None,
     archive_dir: Path | None = None,
 ) -> VerifyReport:
     """Recompute the chain in sealing order from one snapshot and name the first thing that
@@ -155,16 +172,17 @@ async def verify(
         skipped = await store.skipped_count(conn)
         end = head.chain_pos if head else 0
         walk = chain.Walk(anchor.chain_pos, anchor.hash)
-        paced = Paced(pause_s)
+        turns = turns or Turns(resting=False)
         while walk.broken is None:
-            rows = await store.chain_page(conn, walk.chain_pos, VERIFY_PAGE)
+            async with turns.step():
+                rows = await store.chain_page(conn, walk.chain_pos, VERIFY_PAGE)
             if not rows:
                 break
             for start in range(0, len(rows), VERIFY_SLICE):
-                walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
+                async with turns.step():
+                    walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
                 if walk.broken is not None:
                     break
-                await paced.rest()
         beyond, uncovered = await store.unaccounted(conn, head, anchor)
         archives = await store.archives(conn) if archive_dir is not None else []
         # Checkpoints of removed positions can be compared only with an archive of them.
@@ -217,6 +235,6 @@ async def seal_and_verify(
     await db.open(min_size=1, max_size=2)
     try:
         await sealer.seal_all(db, key=key)
-        return await verify(db, public, exported, pause_s=0.0, archive_dir=archive_dir)
+        return await verify(db, public, exported, archive_dir=archive_dir)
     finally:
         await db.close()
