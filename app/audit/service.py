@@ -41,11 +41,10 @@ class Turns:
     (``app.load.busy``), the next step of any of them waits until ``REST_RATIO`` times as
     long as the last step took has passed (at least ``HEAVY_PAUSE_S``): a decision waiting
     behind one waits for a step, not for thousands of rows, and together they take about a
-    twentieth of the worker however many run (``bench/scale.py``: beside them, a saturated
-    worker's read p99 stayed within the run-to-run noise, where a third raised it 1.5 to 5
-    times). On an idle worker, and with ``resting=False`` (the command line, which serves
-    nobody else), a step only yields first. A turn is held for a step only, never while a
-    client is slow to read."""
+    twentieth of the worker however many run (``bench/README.md`` has what that does to a
+    saturated worker's read latency). On an idle worker, and with ``resting=False`` (the
+    command line, which serves nobody else), a step only yields first. A turn is held for a
+    step only, never while a client is slow to read."""
 
     def __init__(self, *, resting: bool = True) -> None:
         self._resting = resting
