@@ -10,13 +10,14 @@ class _Deciding:
     """``with deciding:`` counts one decision request while it is served (a plain context
     manager: it runs on every decision)."""
 
-    count = 0
+    def __init__(self) -> None:
+        self.count = 0
 
     def __enter__(self) -> None:
-        _Deciding.count += 1
+        self.count += 1
 
     def __exit__(self, *exc: object) -> None:
-        _Deciding.count -= 1
+        self.count -= 1
 
 
 deciding = _Deciding()
@@ -24,4 +25,4 @@ deciding = _Deciding()
 
 def busy() -> bool:
     """Whether a decision request is being served in this process."""
-    return _Deciding.count > 0
+    return deciding.count > 0

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.auth.tokens import TokenVerifier
 from app.calls.waiting import CallWaiters
@@ -27,6 +26,3 @@ class AppState:
     locks: Locks
     waiters: CallWaiters
     """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
-    verifying: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
-    """Held by an audit verification for as long as it runs (a snapshot and a connection):
-    this process runs one at a time."""

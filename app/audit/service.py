@@ -37,26 +37,32 @@ REST_RATIO = 20.0
 class Turns:
     """Exports and verifications run on the workers that answer decisions, so they work in
     small steps (a page of ``EXPORT_PAGE`` or ``VERIFY_PAGE`` rows read, ``VERIFY_SLICE``
-    hashed), one step at a time in a process. While the worker is serving decisions
-    (``app.load.busy``), the next step of any of them waits until ``REST_RATIO`` times as
-    long as the last step took has passed (at least ``HEAVY_PAUSE_S``): a decision waiting
-    behind one waits for a step, not for thousands of rows, and together they take about a
-    twentieth of the worker however many run (``bench/README.md`` has what that does to a
-    saturated worker's read latency). On an idle worker, and with ``resting=False`` (the
-    command line, which serves nobody else), a step only yields first. A turn is held for a
-    step only, never while a client is slow to read."""
+    hashed), one step at a time in a process, and one verification at a time. While the
+    worker is serving decisions (``app.load.busy``), the next step of any of them waits
+    until ``REST_RATIO`` times as long as the last step took has passed (at least
+    ``HEAVY_PAUSE_S``): a decision waiting behind one waits for a step, not for thousands of
+    rows, and together they take about a twentieth of the worker however many run
+    (``bench/README.md`` has what that does to a saturated worker's read latency). On an
+    idle worker, and with ``resting=False`` (the command line, which serves nobody else), a
+    step only yields first. A turn is held for a step only, never while a client is slow to
+    read."""
 
     def __init__(self, *, resting: bool = True) -> None:
         self._resting = resting
         self._next = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
+        self._verifying = asyncio.Semaphore(1)
+
+    def _bind(self) -> None:
+        """Locks serve one event loop: new ones for another (a test's, say)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._lock, self._verifying = loop, asyncio.Lock(), asyncio.Semaphore(1)
 
     @asynccontextmanager
     async def step(self) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # a lock serves one event loop
-            self._loop, self._lock = loop, asyncio.Lock()
+        self._bind()
         async with self._lock:
             wait = self._next - time.perf_counter() if self._resting and load.busy() else 0.0
             await asyncio.sleep(max(wait, 0.0))
@@ -66,6 +72,14 @@ class Turns:
             finally:
                 ended = time.perf_counter()
                 self._next = ended + max(HEAVY_PAUSE_S, REST_RATIO * (ended - started))
+
+    @asynccontextmanager
+    async def verification(self) -> AsyncIterator[None]:
+        """One verification at a time: each holds a snapshot, and a connection, for as long
+        as it runs."""
+        self._bind()
+        async with self._verifying:
+            yield
 
 
 TURNS = Turns()
@@ -141,10 +155,10 @@ async def _lines(db: Database, where: AuditFilter, rows: list[AuditRow]) -> Asyn
 
 async def verify_for(state: AppState, principal: Principal) -> VerifyReport:
     """The chain verified for an auditor or admin, once this process's other verification
-    is done (each holds a snapshot, and a connection, for as long as it runs)."""
+    is done (``Turns.verification``)."""
     readable(state.settings, principal, AuditFilter())
     key = checkpoints.signing_key(state.settings)
-    async with state.verifying:
+    async with TURNS.verification():
         return await verify(state.db, key.public if key else None, turns=TURNS)
 
 
