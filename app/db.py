@@ -14,6 +14,7 @@ import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
+from enum import IntEnum, unique
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -38,6 +39,20 @@ LISTENER_NAME = "toolgate-listener"
 LISTEN_PING_S = 5.0
 LISTEN_RETRY_S = 0.5
 LISTEN_RETRY_MAX_S = 10.0
+
+
+@unique
+class Lock(IntEnum):
+    """Advisory lock keys, one per purpose, shared by every instance on one database."""
+
+    MIGRATE = 74201
+    SEALER = 74202
+    RECONCILER = 74203
+    PURGER = 74204
+    CHAIN = 74205
+    """Held shared by a verification while it reads the audit chain, page by page, and
+    taken exclusively by retention to cut the chain (``app.audit.archive``)."""
+
 
 _UNAVAILABLE = (
     OSError,
@@ -105,10 +120,9 @@ async def _init(conn: Connection) -> None:
 async def _keep(conn: Connection) -> None:
     """Pool release without asyncpg's reset queries (a round trip per release): toolgate
     keeps no session state on pooled connections, and asyncpg still rolls back a transaction
-    left open. Session advisory locks are the one exception: whoever takes one releases it
-    explicitly before the connection goes back (``app.locks``, the reconciler,
-    ``Database.exclusively``), or closes
-    the connection when that fails."""
+    left open. Session advisory locks are the one exception: they are taken and released
+    by ``Database.exclusively`` and ``Database.sharing`` only, which close a connection
+    that may still hold one."""
 
 
 SESSION = {"jit": "off"}
@@ -164,14 +178,18 @@ class Database:
     async def exclusively(self, key: int) -> AsyncIterator[bool]:
         """Whether this process took the session advisory lock ``key`` (one holder at a time
         across every instance on this database), held for the block on a connection of its
-        own and released before that connection goes back to the pool."""
-        async with self.connection() as conn:
-            held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
-            try:
-                yield held
-            finally:
-                if held:
-                    await conn.execute("SELECT pg_advisory_unlock($1)", key)
+        own."""
+        async with self.connection() as conn, _session_lock(conn, key, shared=False) as held:
+            yield held
+
+    @asynccontextmanager
+    async def sharing(self, key: Lock) -> AsyncIterator[Connection]:
+        """A connection holding the session advisory lock ``key`` shared for the block:
+        sharers hold it together, and whoever takes it exclusively (``try_xact_lock``) waits
+        for none of them but is refused while any holds it. Waits while it is held
+        exclusively, for that transaction to end."""
+        async with self.connection() as conn, _session_lock(conn, key, shared=True):
+            yield conn
 
     async def listen(
         self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]
@@ -262,6 +280,36 @@ async def _connect(url: str) -> Connection:
         raise Unavailable(f"database unreachable: {exc}") from exc
 
 
+@asynccontextmanager
+async def _session_lock(conn: Connection, key: int, *, shared: bool) -> AsyncIterator[bool]:
+    """``key`` on ``conn``'s session for the block: waited for shared, or tried exclusively
+    (held or not). Pooled connections are not reset (``_keep``), so it is released before
+    ``conn`` goes back; a connection that may still hold it is closed, which releases it."""
+    try:
+        if shared:
+            await conn.execute("SELECT pg_advisory_lock_shared($1)", key)
+        held = shared or bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
+    except BaseException:
+        conn.terminate()
+        raise
+    try:
+        yield held
+    finally:
+        if held:
+            unlock = "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
+            try:
+                await conn.execute(f"SELECT {unlock}($1)", key)
+            except BaseException:
+                conn.terminate()
+                raise
+
+
+async def try_xact_lock(conn: Connection, key: Lock) -> bool:
+    """Take the advisory lock ``key`` exclusively until this transaction ends; False if
+    anyone holds it, shared or not."""
+    return bool(await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", key))
+
+
 async def migrate(url: str) -> list[str]:
     """Apply pending migrations in order, each in its own transaction; return their names.
 
@@ -271,7 +319,7 @@ async def migrate(url: str) -> list[str]:
     conn = await _connect(url)
     applied: list[str] = []
     try:
-        await conn.execute("SELECT pg_advisory_lock(74201)")
+        await conn.execute("SELECT pg_advisory_lock($1)", Lock.MIGRATE)
         await conn.execute(_SCHEMA_TABLE)
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
         for version, path in files:

@@ -102,21 +102,8 @@ class Locks:
     async def _advisory(self, name: str) -> AsyncIterator[bool]:
         assert self._db is not None
         key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-        async with self._db.connection() as conn:
-            try:
-                held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
-            except BaseException:
-                conn.terminate()  # it may have been taken: never pool a connection holding it
-                raise
-            try:
-                yield held
-            finally:
-                if held:
-                    try:
-                        await conn.fetchval("SELECT pg_advisory_unlock($1)", key)
-                    except BaseException:
-                        conn.terminate()  # ending the session releases the lock
-                        raise
+        async with self._db.exclusively(key) as held:
+            yield held
 
     async def _acquire(self, key: str, token: str, ttl_s: float) -> bool:
         assert self._redis is not None

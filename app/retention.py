@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 
 from app.audit import archive
 from app.calls import store as calls
-from app.db import Connection, Database
+from app.db import Connection, Database, Lock
 from app.errors import Unavailable
 from app.runs import store as runs
 from app.settings import Settings
@@ -37,8 +37,6 @@ from app.webhooks import store as webhooks
 EVERY_S = 60.0
 BATCH = 1000
 PAUSE_S = 0.05
-PURGE_LOCK = 74203
-"""Advisory lock key: one purger at a time across every instance on this database."""
 log = logging.getLogger("toolgate")
 
 Remover = Callable[[Connection, int], Awaitable[int]]
@@ -48,7 +46,7 @@ async def run(db: Database, settings: Settings) -> None:
     """Audit partitions made at once, then a pass every ``EVERY_S`` for as long as the app
     runs; trouble postpones to the next."""
     try:
-        async with db.exclusively(PURGE_LOCK) as held:
+        async with db.exclusively(Lock.PURGER) as held:
             if held:
                 async with db.connection() as conn:
                     await archive.maintain(conn, datetime.now(UTC))
@@ -96,7 +94,7 @@ async def purge(
     db: Database, settings: Settings, now: datetime | None = None, pause_s: float = PAUSE_S
 ) -> dict[str, int] | None:
     """One pass: rows removed per table, or ``None`` when another purger holds the lock."""
-    async with db.exclusively(PURGE_LOCK) as held:
+    async with db.exclusively(Lock.PURGER) as held:
         if not held:
             return None
         async with db.connection() as conn:

@@ -19,7 +19,7 @@ from app import retention
 from app.audit import archive, chain, sealer, store
 from app.audit.models import AuditRow, ChainHead
 from app.audit.service import verify
-from app.db import Database, migrate, migration_files
+from app.db import Database, Lock, migrate, migration_files
 from app.settings import Settings
 from tests.conftest import RUN, cli, fresh_database
 from tests.test_audit_chain import connect
@@ -90,7 +90,7 @@ async def published(trail: Trail) -> list[bytes]:
     """Every sealed row as the export publishes it, in chain order."""
     rows: list[AuditRow] = []
     async with trail.db.connection() as conn:
-        while batch := await store.chain_page(conn, len(rows), 100):
+        while batch := await store.chain_page(conn, len(rows), 2**62, 100):
             rows += batch
     return [orjson.dumps(chain.item(r)) for r in rows]
 
@@ -209,6 +209,19 @@ async def test_without_an_archive_old_months_are_dropped_by_the_purger(
     assert (report.ok, report.checked, report.removed_through) == (True, 2, 2), report
     # The pass made the months ahead too.
     assert named(THIS_MONTH.date()) <= await partitions(trail.conn)
+
+
+async def test_no_month_goes_while_a_verification_reads_the_chain(trail: Trail) -> None:
+    for month in (A, B):
+        await write(trail.conn, month, 2)
+    await seal(trail)
+    async with trail.db.sharing(Lock.CHAIN):  # what a verification holds while it walks
+        assert await archive.remove_months(trail.db, end_of(B), None) == 0
+        assert named(A) <= await partitions(trail.conn)
+    assert await archive.remove_months(trail.db, end_of(B), None) == 4
+    assert not (named(A) | named(B)) & await partitions(trail.conn)
+    report = await verify(trail.db)
+    assert (report.ok, report.checked, report.removed_through) == (True, 0, 4), report
 
 
 async def test_a_month_with_unsealed_rows_stays_and_a_late_row_cuts_after_later_rows(

@@ -16,7 +16,7 @@ import pytest
 
 from app import load
 from app.audit import sealer, service
-from app.db import Database
+from app.db import Database, Lock
 
 Auth = Callable[..., dict[str, str]]
 ROWS = 2000
@@ -40,17 +40,18 @@ async def long_chain(db: asyncpg.Connection, database: Database) -> None:
         await asyncio.sleep(0.05)
 
 
-async def in_transaction(db: asyncpg.Connection) -> int:
-    """Other sessions of the test database inside a transaction: a verification's snapshot."""
-    count: int = await db.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND xact_start IS NOT NULL AND pid <> pg_backend_pid()"
+async def verifiers(db: asyncpg.Connection) -> list[str]:
+    """The states of the sessions holding the chain for a verification (``Lock.CHAIN``)."""
+    rows = await db.fetch(
+        "SELECT a.state FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+        " WHERE l.locktype = 'advisory' AND l.objid = $1 AND l.granted",
+        int(Lock.CHAIN),
     )
-    return count
+    return [row["state"] for row in rows]
 
 
 @pytest.mark.usefixtures("long_chain")
-async def test_a_verification_stops_when_its_client_leaves(
+async def test_a_verification_holds_no_snapshot_and_stops_when_its_client_leaves(
     base_url: str, auth: Auth, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(service, "VERIFY_SLICE", 1)
@@ -59,11 +60,16 @@ async def test_a_verification_stops_when_its_client_leaves(
         async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
             verifying = asyncio.create_task(client.get("/audit/verify"))
             await asyncio.sleep(0.5)
+            states = []
+            for _ in range(20):  # walking the chain, between and during its page reads
+                states += await verifiers(db)
+                await asyncio.sleep(0.025)
             assert not verifying.done()
-            assert await in_transaction(db) == 1
+            assert len(states) == 20, states
+            assert "idle in transaction" not in states, "a snapshot held across the walk"
             verifying.cancel()  # the client goes away: its connection closes
             left = time.monotonic()
-            while await in_transaction(db) and time.monotonic() - left < 5:
+            while await verifiers(db) and time.monotonic() - left < 5:
                 await asyncio.sleep(0.02)
             stopped = time.monotonic() - left
     assert stopped < 1.0, f"the verification ran on for {stopped:.1f} s for nobody"

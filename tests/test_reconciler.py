@@ -20,7 +20,8 @@ import asyncpg
 import httpx
 import pytest
 
-from app.calls import mutation, reconciler, store
+from app.calls import mutation, reconciler
+from app.db import Lock
 from app.state import AppState
 from tests.conftest import ROOT, OwnPostgres, Providers, running_app
 from tests.flows import Auth, Flow, new_key, refund_args
@@ -251,10 +252,10 @@ async def test_a_pass_leaves_alone_a_key_at_work_and_runs_one_at_a_time(
 
         other = await asyncpg.connect(lone_database)
         try:
-            assert await store.try_lock_reconciler(other)
+            await other.execute("SELECT pg_advisory_lock($1)", Lock.RECONCILER)
             assert await reconciler.reconcile_stale(state) is None
             assert await db.fetchval("SELECT state FROM executions") == "in_flight"
-            await store.unlock_reconciler(other)
+            await other.execute("SELECT pg_advisory_unlock($1)", Lock.RECONCILER)
         finally:
             await other.close()
         assert await reconciler.reconcile_stale(state) == 1

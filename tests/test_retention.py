@@ -13,7 +13,7 @@ import pytest
 from app import retention
 from app.audit import sealer
 from app.audit.store import AuditEvent, append
-from app.db import Database
+from app.db import Database, Lock
 from app.settings import ConfigError, Settings
 from tests.flows import Flow, new_key
 
@@ -118,12 +118,25 @@ async def test_one_purger_at_a_time(
     await age(db, proposal["call_id"], DAYS + 1)
     other = await asyncpg.connect(database_url)
     try:
-        await other.execute("SELECT pg_advisory_lock($1)", retention.PURGE_LOCK)
+        await other.execute("SELECT pg_advisory_lock($1)", Lock.PURGER)
         assert await retention.purge(database, kept(settings), pause_s=0) is None
         assert await db.fetchval("SELECT count(*) FROM calls") == 1
     finally:
         await other.close()
     assert await retention.purge(database, kept(settings), pause_s=0) == {"calls": 1}
+
+
+async def test_a_reconciliation_pass_holds_up_no_purger(
+    flow: Flow, db: asyncpg.Connection, database: Database, settings: Settings, database_url: str
+) -> None:
+    proposal = await flow.propose("get_order", {"order_id": "ord_1"})
+    await age(db, proposal["call_id"], DAYS + 1)
+    other = await asyncpg.connect(database_url)
+    try:
+        await other.execute("SELECT pg_advisory_lock($1)", Lock.RECONCILER)
+        assert await retention.purge(database, kept(settings), pause_s=0) == {"calls": 1}
+    finally:
+        await other.close()
 
 
 def row(number: int) -> AuditEvent:

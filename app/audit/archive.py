@@ -24,8 +24,11 @@ month's two partitions instead.
   or a chain that does not hold, removes nothing; the next pass tries again.
   ``toolgate audit verify --archive DIR`` checks the files (``check``).
 - **Short locks.** The month's partitions are locked, then dropped, which needs the parent
-  tables for a moment: both wait at most ``LOCK_TIMEOUT``, so a long verify or export holding
-  them postpones the removal to the next pass instead of queueing every insert behind it.
+  tables for a moment: both wait at most ``LOCK_TIMEOUT``, so a long statement holding them
+  postpones the removal to the next pass instead of queueing every insert behind it.
+- **Never under a verification.** A verification reads the chain page by page, each in a
+  statement of its own, holding ``Lock.CHAIN`` shared; a cut takes it exclusively or waits
+  for the next pass, so no page a verification has yet to read goes under it.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import orjson
 
 from app.audit import chain, store
 from app.audit.models import Anchor, Archived, Broken
-from app.db import Connection, Database, DatabaseError, LockNotAvailable
+from app.db import Connection, Database, DatabaseError, Lock, LockNotAvailable, try_xact_lock
 
 AHEAD = 2
 LOCK_TIMEOUT = "2s"
@@ -116,6 +119,11 @@ async def _remove(db: Database, month: date, directory: Path | None) -> int | No
                 return None
     try:
         async with db.transaction() as conn:
+            if not await try_xact_lock(conn, Lock.CHAIN):
+                log.warning(
+                    "audit month %s kept for now: the chain is being verified", f"{month:%Y-%m}"
+                )
+                return None
             await store.lock_month(conn, month, LOCK_TIMEOUT)
             if (
                 await store.unsealed_between(conn, first, end)
@@ -150,8 +158,7 @@ async def _write(
     try:
         with temporary.open("wb") as out:
             while walk.chain_pos < last:
-                rows = await store.chain_page(conn, walk.chain_pos, PAGE)
-                rows = [r for r in rows if r.chain_pos is not None and r.chain_pos <= last]
+                rows = await store.chain_page(conn, walk.chain_pos, last, PAGE)
                 walk = chain.check(walk, rows, last)
                 if walk.broken is not None or not rows:
                     broken = walk.broken or Broken(None, walk.chain_pos + 1, "rows missing")

@@ -242,7 +242,7 @@ def compare(
 ) -> Broken | None:
     """Published checkpoints against the chain: each one signed by ``public`` (when given),
     the chain reaching every one, and the row at each one's position holding its hash
-    (``hashes``: chain_pos to hash, from the same snapshot)."""
+    (``hashes``: chain_pos to hash, read after ``head``; rows up to it never change)."""
     end = head.chain_pos if head else 0
     for line, published in exported:
         where = f"the checkpoint on line {line} ({published.at})"

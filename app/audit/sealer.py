@@ -65,7 +65,7 @@ from pathlib import Path
 from app.audit import chain, checkpoints, store
 from app.audit.checkpoints import SigningKey
 from app.audit.models import AuditRow, ChainHead, Checkpoint
-from app.db import Connection, Database
+from app.db import Connection, Database, Lock, try_xact_lock
 from app.errors import Unavailable
 from app.settings import ConfigError, Settings
 
@@ -113,7 +113,7 @@ async def seal_pending(
     write the new head as a checkpoint (signed with ``key``). Late rows are looked for in
     the gaps recorded after ``gaps_since``."""
     async with db.transaction() as conn:
-        if not await store.try_lock_sealer(conn):
+        if not await try_xact_lock(conn, Lock.SEALER):
             return Pass(busy=True)
         rows = await store.unsealed(conn, batch, gaps_since)
         if not rows:

@@ -22,7 +22,7 @@ from app.audit import archive, chain, checkpoints, sealer, store
 from app.audit.checkpoints import Exported, PublicKey, SigningKey
 from app.audit.models import AuditFilter, AuditRow, VerifyReport
 from app.auth.principal import Principal
-from app.db import Database
+from app.db import Database, Lock
 from app.errors import Forbidden, InvalidRequest
 from app.settings import Settings
 from app.state import AppState
@@ -75,8 +75,8 @@ class Turns:
 
     @asynccontextmanager
     async def verification(self) -> AsyncIterator[None]:
-        """One verification at a time: each holds a snapshot, and a connection, for as long
-        as it runs."""
+        """One verification at a time: each holds a connection, and postpones retention's
+        cuts (``Lock.CHAIN``), for as long as it runs."""
         self._bind()
         async with self._verifying:
             yield
@@ -169,26 +169,32 @@ async def verify(
     turns: Turns | None = None,
     archive_dir: Path | None = None,
 ) -> VerifyReport:
-    """Recompute the chain in sealing order from one snapshot and name the first thing that
-    does not hold: a broken row, a chain cut short, a head not signed by ``public``'s key,
-    sealed and skipped seqs that do not add up, or a published checkpoint (``exported``)
-    the chain no longer matches. Rows left unsealed for ``STALL_S`` make it not ok too:
-    sealing has stopped. With ``archive_dir``, the archive files of removed months are
-    recomputed too (``archive.check``), up to the anchor, and published checkpoints of
-    archived positions are compared with them instead of being passed over."""
-    async with db.connection() as conn, store.snapshot(conn):
-        unsealed = await store.unsealed_count(conn)
-        stalled = await store.unsealed_count(conn, STALL_S)
-        current = await store.head(conn)
-        head = current.head if current else None
-        anchor = await store.anchor(conn)
-        skipped = await store.skipped_count(conn)
+    """Recompute the chain in sealing order, up to the head of one short snapshot, and name
+    the first thing that does not hold: a broken row, a chain cut short, a head not signed
+    by ``public``'s key, sealed and skipped seqs that do not add up, or a published
+    checkpoint (``exported``) the chain no longer matches. Rows left unsealed for
+    ``STALL_S`` make it not ok too: sealing has stopped. With ``archive_dir``, the archive
+    files of removed months are recomputed too (``archive.check``), up to the anchor, and
+    published checkpoints of archived positions are compared with them instead of being
+    passed over."""
+    turns = turns or Turns(resting=False)
+    async with db.sharing(Lock.CHAIN) as conn:
+        async with turns.step(), store.snapshot(conn):
+            unsealed = await store.unsealed_count(conn)
+            stalled = await store.unsealed_count(conn, STALL_S)
+            current = await store.head(conn)
+            head = current.head if current else None
+            anchor = await store.anchor(conn)
+            skipped = await store.skipped_count(conn)
+            beyond, uncovered = await store.unaccounted(conn, head, anchor)
+            archives = await store.archives(conn) if archive_dir is not None else []
+        # Rows up to the head are never changed and, under Lock.CHAIN, never removed: each
+        # page is a statement of its own instead of a snapshot held for the whole walk.
         end = head.chain_pos if head else 0
         walk = chain.Walk(anchor.chain_pos, anchor.hash)
-        turns = turns or Turns(resting=False)
-        while walk.broken is None:
+        while walk.broken is None and walk.chain_pos < end:
             async with turns.step():
-                rows = await store.chain_page(conn, walk.chain_pos, VERIFY_PAGE)
+                rows = await store.chain_page(conn, walk.chain_pos, end, VERIFY_PAGE)
             if not rows:
                 break
             for start in range(0, len(rows), VERIFY_SLICE):
@@ -196,8 +202,6 @@ async def verify(
                     walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
                 if walk.broken is not None:
                     break
-        beyond, uncovered = await store.unaccounted(conn, head, anchor)
-        archives = await store.archives(conn) if archive_dir is not None else []
         # Checkpoints of removed positions can be compared only with an archive of them.
         start = archives[0].first_pos if archives else anchor.chain_pos
         exported = [(line, c) for line, c in exported if c.chain_pos >= start]

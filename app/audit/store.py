@@ -99,8 +99,6 @@ _SEAL = f"""LEFT JOIN LATERAL (
     ) s ON true"""
 """Each audit row ``e``'s seal, looked up through the primary key of its month's part of
 ``audit_seals`` (``LIMIT 1`` keeps the planner from hashing every seal instead)."""
-SEALER_LOCK = 74202
-"""Advisory lock key: one sealer at a time across every instance on this database."""
 
 
 def _row(record: Record) -> AuditRow:
@@ -165,14 +163,10 @@ async def page(
 
 @asynccontextmanager
 async def snapshot(conn: Connection) -> AsyncIterator[None]:
-    """A read-only transaction seeing one consistent state of the chain."""
+    """A read-only transaction seeing one consistent state of the chain: keep it short, as
+    every snapshot held back keeps VACUUM from every table's dead rows."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         yield
-
-
-async def try_lock_sealer(conn: Connection) -> bool:
-    """Become the one sealer until this transaction ends; False if another one is."""
-    return bool(await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", SEALER_LOCK))
 
 
 _SEALED_THROUGH = "coalesce((SELECT sealed_through FROM audit_chain), 0)"
@@ -326,15 +320,18 @@ async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str
     return {r["chain_pos"]: r["hash"] for r in rows}
 
 
-async def chain_page(conn: Connection, after_pos: int, limit: int) -> list[AuditRow]:
-    """Sealed rows after chain position ``after_pos``, in chain order."""
+async def chain_page(
+    conn: Connection, after_pos: int, through_pos: int, limit: int
+) -> list[AuditRow]:
+    """Sealed rows after chain position ``after_pos`` up to ``through_pos``, in chain
+    order."""
     sql = f"""
-        SELECT {_ROW} FROM (SELECT * FROM audit_seals WHERE chain_pos > $1
-            ORDER BY chain_pos LIMIT $2) s
+        SELECT {_ROW} FROM (SELECT * FROM audit_seals WHERE chain_pos > $1 AND chain_pos <= $2
+            ORDER BY chain_pos LIMIT $3) s
         JOIN LATERAL (SELECT * FROM audit_events e WHERE {_SEAL_OF} LIMIT 1) e ON true
         ORDER BY s.chain_pos
     """
-    return [_row(r) for r in await conn.fetch(sql, after_pos, limit)]
+    return [_row(r) for r in await conn.fetch(sql, after_pos, through_pos, limit)]
 
 
 async def anchor(conn: Connection) -> Anchor:

@@ -39,6 +39,7 @@ from app.calls.models import CallRow, ExecutionRow, Request
 from app.calls.mutation import OpenExecution
 from app.calls.policy import PreparedCall, Target
 from app.catalog.models import Catalog, Tool
+from app.db import Lock
 from app.errors import ProviderTimeout, Unavailable
 from app.state import AppState
 
@@ -70,16 +71,13 @@ async def reconcile_stale(state: AppState) -> int | None:
         return 0
     stale_s = max(tool.provider.timeout_s for tool in catalog.tools.values())
     stale_s += mutation.LOCK_MARGIN_S
-    async with state.db.connection() as lock:
-        if not await store.try_lock_reconciler(lock):
+    async with state.db.exclusively(Lock.RECONCILER) as held:
+        if not held:
             return None
-        try:
-            async with state.db.connection() as conn:
-                records = await store.stale_executions(conn, stale_s, BATCH)
-            for record in records:
-                await _resolve(state, catalog, record)
-        finally:
-            await store.unlock_reconciler(lock)
+        async with state.db.connection() as conn:
+            records = await store.stale_executions(conn, stale_s, BATCH)
+        for record in records:
+            await _resolve(state, catalog, record)
     return len(records)
 
 

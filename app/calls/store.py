@@ -185,20 +185,6 @@ async def release(conn: Connection, operation_id: str) -> None:
     )
 
 
-RECONCILER_LOCK = 74203
-"""Advisory lock key: one reconciliation pass at a time across every instance."""
-
-
-async def try_lock_reconciler(conn: Connection) -> bool:
-    """Session-level: held until ``unlock_reconciler`` on the same connection (or until
-    that connection ends), outside any transaction."""
-    return bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", RECONCILER_LOCK))
-
-
-async def unlock_reconciler(conn: Connection) -> None:
-    await conn.execute("SELECT pg_advisory_unlock($1)", RECONCILER_LOCK)
-
-
 async def stale_executions(conn: Connection, older_than_s: float, limit: int) -> list[ExecutionRow]:
     """Open records (in flight or unknown) unchanged for ``older_than_s``, oldest first."""
     rows = await conn.fetch(
