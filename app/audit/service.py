@@ -20,9 +20,9 @@ import orjson
 from app import cursors, load
 from app.audit import archive, chain, checkpoints, sealer, store
 from app.audit.checkpoints import Exported, PublicKey, SigningKey
-from app.audit.models import AuditFilter, AuditRow, VerifyReport
+from app.audit.models import Anchor, AuditFilter, AuditRow, VerifyReport
 from app.auth.principal import Principal
-from app.db import Database, Lock
+from app.db import Connection, Database, Lock
 from app.errors import Forbidden, InvalidRequest
 from app.settings import Settings
 from app.state import AppState
@@ -186,22 +186,16 @@ async def verify(
             head = current.head if current else None
             anchor = await store.anchor(conn)
             skipped = await store.skipped_count(conn)
-            beyond, uncovered = await store.unaccounted(conn, head, anchor)
+            end, through = (head.chain_pos, head.sealed_through) if head else (0, 0)
+            gaps = await store.gap_seqs(conn, through)
+            beyond, accounted = await store.sealed_outside_gaps(
+                conn, through, anchor.chain_pos, end, inside=False
+            )
             archives = await store.archives(conn) if archive_dir is not None else []
-        # Rows up to the head are never changed and, under Lock.CHAIN, never removed: each
-        # page is a statement of its own instead of a snapshot held for the whole walk.
-        end = head.chain_pos if head else 0
-        walk = chain.Walk(anchor.chain_pos, anchor.hash)
-        while walk.broken is None and walk.chain_pos < end:
-            async with turns.step():
-                rows = await store.chain_page(conn, walk.chain_pos, end, VERIFY_PAGE)
-            if not rows:
-                break
-            for start in range(0, len(rows), VERIFY_SLICE):
-                async with turns.step():
-                    walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
-                if walk.broken is not None:
-                    break
+        walk, counted = await _walk(conn, turns, anchor, end, through)
+        # Sealed and skipped seqs add up when no seal lies outside the chain and every seq up
+        # to ``sealed_through`` is sealed, skipped, or removed by retention.
+        uncovered = through - accounted - counted - gaps - anchor.outside_gaps
         # Checkpoints of removed positions can be compared only with an archive of them.
         start = archives[0].first_pos if archives else anchor.chain_pos
         exported = [(line, c) for line, c in exported if c.chain_pos >= start]
@@ -237,6 +231,33 @@ async def verify(
         archived=archived.rows,
         archive_files=len(archives),
     )
+
+
+async def _walk(
+    conn: Connection, turns: Turns, anchor: Anchor, end: int, through: int
+) -> tuple[chain.Walk, int]:
+    """The chain walked from ``anchor`` up to position ``end`` (the first break ends it),
+    and how many of its rows hold a seq up to ``through`` outside every recorded gap. Rows
+    up to the head never change and, under ``Lock.CHAIN``, are never removed, so each page
+    is a statement of its own instead of a snapshot held for the whole walk."""
+    walk, counted = chain.Walk(anchor.chain_pos, anchor.hash), 0
+    while walk.broken is None and walk.chain_pos < end:
+        async with turns.step():
+            rows = await store.chain_page(conn, walk.chain_pos, end, VERIFY_PAGE)
+            if rows:
+                last = rows[-1].chain_pos or end
+                _, outside_gaps = await store.sealed_outside_gaps(
+                    conn, through, walk.chain_pos, last, inside=True
+                )
+                counted += outside_gaps
+        if not rows:
+            break
+        for start in range(0, len(rows), VERIFY_SLICE):
+            async with turns.step():
+                walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
+            if walk.broken is not None:
+                break
+    return walk, counted
 
 
 async def seal_and_verify(

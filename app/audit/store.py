@@ -16,7 +16,6 @@ from app.audit.models import (
     Archived,
     AuditFilter,
     AuditRow,
-    ChainHead,
     Checkpoint,
     Gap,
     Seal,
@@ -289,27 +288,36 @@ async def skipped_count(conn: Connection) -> int:
     )
 
 
-async def unaccounted(conn: Connection, head: ChainHead | None, anchor: Anchor) -> tuple[int, int]:
-    """Seals beyond ``head.chain_pos`` (sealed, yet not in the chain), and seqs up to
-    ``head.sealed_through`` neither sealed, nor inside a recorded gap, nor removed by
-    retention (``anchor``)."""
-    chain_pos, sealed_through = (head.chain_pos, head.sealed_through) if head else (0, 0)
+async def sealed_outside_gaps(
+    conn: Connection, sealed_through: int, after_pos: int, through_pos: int, *, inside: bool
+) -> tuple[int, int]:
+    """Seals at the chain positions after ``after_pos`` up to ``through_pos`` (with
+    ``inside=False``, at every other position), and how many of them hold a seq up to
+    ``sealed_through`` outside every recorded gap. Through the chain position index, so a
+    verification counts a page at a time instead of every seal at once."""
+    where = "chain_pos > $2 AND chain_pos <= $3"
     row = await conn.fetchrow(
-        """
-        SELECT
-            count(*),
-            count(*) FILTER (WHERE seq BETWEEN 1 AND $1 AND NOT EXISTS (
-                SELECT 1 FROM audit_gaps g WHERE s.seq BETWEEN g.first_seq AND g.last_seq)),
-            (SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM audit_gaps
-                WHERE first_seq >= 1 AND last_seq <= $1)
-        FROM audit_seals s
+        f"""
+        SELECT count(*), count(*) FILTER (WHERE seq BETWEEN 1 AND $1 AND NOT EXISTS (
+            SELECT 1 FROM audit_gaps g WHERE s.seq BETWEEN g.first_seq AND g.last_seq))
+        FROM audit_seals s WHERE {where if inside else f"NOT ({where})"}
         """,
         sealed_through,
+        after_pos,
+        through_pos,
     )
-    sealed, sealed_outside_gaps, gap_seqs = row
-    in_chain = chain_pos - anchor.chain_pos
-    removed = anchor.outside_gaps
-    return sealed - in_chain, sealed_through - sealed_outside_gaps - int(gap_seqs) - removed
+    return int(row[0]), int(row[1])
+
+
+async def gap_seqs(conn: Connection, sealed_through: int) -> int:
+    """Seqs up to ``sealed_through`` inside recorded gaps."""
+    return int(
+        await conn.fetchval(
+            "SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM audit_gaps"
+            " WHERE first_seq >= 1 AND last_seq <= $1",
+            sealed_through,
+        )
+    )
 
 
 async def hashes_at(conn: Connection, positions: Sequence[int]) -> dict[int, str]:
