@@ -44,7 +44,8 @@ async def verifiers(db: asyncpg.Connection) -> list[str]:
     """The states of the sessions holding the chain for a verification (``Lock.CHAIN``)."""
     rows = await db.fetch(
         "SELECT a.state FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-        " WHERE l.locktype = 'advisory' AND l.objid = $1 AND l.granted",
+        " WHERE l.locktype = 'advisory' AND l.classid = 0 AND l.objid = $1 AND l.objsubid = 1"
+        " AND l.granted AND a.datname = current_database()",
         int(Lock.CHAIN),
     )
     return [row["state"] for row in rows]

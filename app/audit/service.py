@@ -192,9 +192,11 @@ async def verify(
                 conn, through, anchor.chain_pos, end, inside=False
             )
             archives = await store.archives(conn) if archive_dir is not None else []
-        walk, counted = await _walk(conn, turns, anchor, end, through)
-        # Sealed and skipped seqs add up when no seal lies outside the chain and every seq up
-        # to ``sealed_through`` is sealed, skipped, or removed by retention.
+        walk, surplus, counted = await _walk(conn, turns, anchor, end, through)
+        # Sealed and skipped seqs add up when no seal lies outside the chain, no position
+        # holds two, and every seq up to ``sealed_through`` is sealed, skipped, or removed
+        # by retention.
+        beyond += surplus
         uncovered = through - accounted - counted - gaps - anchor.outside_gaps
         # Checkpoints of removed positions can be compared only with an archive of them.
         start = archives[0].first_pos if archives else anchor.chain_pos
@@ -235,20 +237,23 @@ async def verify(
 
 async def _walk(
     conn: Connection, turns: Turns, anchor: Anchor, end: int, through: int
-) -> tuple[chain.Walk, int]:
-    """The chain walked from ``anchor`` up to position ``end`` (the first break ends it),
-    and how many of its rows hold a seq up to ``through`` outside every recorded gap. Rows
-    up to the head never change and, under ``Lock.CHAIN``, are never removed, so each page
-    is a statement of its own instead of a snapshot held for the whole walk."""
-    walk, counted = chain.Walk(anchor.chain_pos, anchor.hash), 0
+) -> tuple[chain.Walk, int, int]:
+    """The chain walked from ``anchor`` up to position ``end`` (the first break ends it);
+    the seals in the positions it covered beyond one per position (a second seal at a
+    position, or one whose audit row is gone, which the page leaves out); and how many of
+    those seals hold a seq up to ``through`` outside every recorded gap. Rows up to the
+    head never change and, under ``Lock.CHAIN``, are never removed, so each page is a
+    statement of its own instead of a snapshot held for the whole walk."""
+    walk, surplus, counted = chain.Walk(anchor.chain_pos, anchor.hash), 0, 0
     while walk.broken is None and walk.chain_pos < end:
         async with turns.step():
             rows = await store.chain_page(conn, walk.chain_pos, end, VERIFY_PAGE)
             if rows:
                 last = rows[-1].chain_pos or end
-                _, outside_gaps = await store.sealed_outside_gaps(
+                seals, outside_gaps = await store.sealed_outside_gaps(
                     conn, through, walk.chain_pos, last, inside=True
                 )
+                surplus += seals - (last - walk.chain_pos)
                 counted += outside_gaps
         if not rows:
             break
@@ -257,7 +262,7 @@ async def _walk(
                 walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
             if walk.broken is not None:
                 break
-    return walk, counted
+    return walk, surplus, counted
 
 
 async def seal_and_verify(
