@@ -369,32 +369,29 @@ async def test_rows_sealed_outside_the_chain_or_missing_below_sealed_through_fai
     assert "neither sealed nor recorded as skipped" in report.first_broken.reason
 
 
-async def test_a_seal_without_its_row_inside_the_chain_fails_verify(setup: Setup) -> None:
-    await insert(setup.conn, 3)
-    await sealer.seal_all(setup.database)
-    await as_attacker(
-        setup.conn,
-        "INSERT INTO audit_seals (seq, at, chain_pos, prev_hash, hash)"
-        " VALUES (1000000, now(), 2, 'x', 'sha256:00')",
-    )
-    report = await verify(setup.database)
-    assert report.first_broken is not None
-    assert "not in the chain" in report.first_broken.reason
-
-
-async def test_a_second_seal_at_the_last_position_of_a_page_fails_verify(
-    setup: Setup, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        (
+            "INSERT INTO audit_seals (seq, at, chain_pos, prev_hash, hash)"
+            " VALUES (1000000, now(), 2, 'x', 'sha256:00')",
+        ),
+        (  # a forged row, shown as sealed at a position the next page skips
+            "INSERT INTO audit_events (seq, event, tenant, actor) VALUES"
+            " (1000, 'proposed', 'acme', 'mallory')",
+            "INSERT INTO audit_seals (seq, at, chain_pos, prev_hash, hash)"
+            " SELECT seq, at, 2, 'x', 'sha256:00' FROM audit_events WHERE seq = 1000",
+        ),
+    ],
+    ids=["a_seal_without_its_row", "a_second_seal_at_a_pages_last_position"],
+)
+async def test_a_stray_seal_inside_the_chain_fails_verify(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch, forgery: tuple[str, ...]
 ) -> None:
     monkeypatch.setattr(service, "VERIFY_PAGE", 2)
     await insert(setup.conn, 4)
     await sealer.seal_all(setup.database)
-    await as_attacker(  # a forged row, shown as sealed at a position the next page skips
-        setup.conn,
-        "INSERT INTO audit_events (seq, event, tenant, actor) VALUES"
-        " (1000, 'proposed', 'acme', 'mallory')",
-        "INSERT INTO audit_seals (seq, at, chain_pos, prev_hash, hash)"
-        " SELECT seq, at, 2, 'x', 'sha256:00' FROM audit_events WHERE seq = 1000",
-    )
+    await as_attacker(setup.conn, *forgery)
     report = await verify(setup.database)
     assert report.first_broken is not None
     assert "not in the chain" in report.first_broken.reason

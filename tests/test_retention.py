@@ -111,32 +111,31 @@ async def test_expired_execution_records_leave_in_batches_and_then_their_calls(
     )
 
 
+@pytest.mark.parametrize(
+    ("held", "purged"),
+    [(Lock.PURGER, None), (Lock.RECONCILER, {"calls": 1})],
+    ids=["by_another_purger", "not_by_a_reconciler"],
+)
 async def test_one_purger_at_a_time(
-    flow: Flow, db: asyncpg.Connection, database: Database, settings: Settings, database_url: str
+    flow: Flow,
+    db: asyncpg.Connection,
+    database: Database,
+    settings: Settings,
+    database_url: str,
+    held: Lock,
+    purged: dict[str, int] | None,
 ) -> None:
     proposal = await flow.propose("get_order", {"order_id": "ord_1"})
     await age(db, proposal["call_id"], DAYS + 1)
     other = await asyncpg.connect(database_url)
     try:
-        await other.execute("SELECT pg_advisory_lock($1)", Lock.PURGER)
-        assert await retention.purge(database, kept(settings), pause_s=0) is None
-        assert await db.fetchval("SELECT count(*) FROM calls") == 1
+        await other.execute("SELECT pg_advisory_lock($1)", held)
+        assert await retention.purge(database, kept(settings), pause_s=0) == purged
+        assert await db.fetchval("SELECT count(*) FROM calls") == (1 if purged is None else 0)
     finally:
         await other.close()
-    assert await retention.purge(database, kept(settings), pause_s=0) == {"calls": 1}
-
-
-async def test_a_reconciliation_pass_holds_up_no_purger(
-    flow: Flow, db: asyncpg.Connection, database: Database, settings: Settings, database_url: str
-) -> None:
-    proposal = await flow.propose("get_order", {"order_id": "ord_1"})
-    await age(db, proposal["call_id"], DAYS + 1)
-    other = await asyncpg.connect(database_url)
-    try:
-        await other.execute("SELECT pg_advisory_lock($1)", Lock.RECONCILER)
+    if purged is None:
         assert await retention.purge(database, kept(settings), pause_s=0) == {"calls": 1}
-    finally:
-        await other.close()
 
 
 def row(number: int) -> AuditEvent:
