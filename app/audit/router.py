@@ -94,7 +94,7 @@ before it was done."""
 @router.get("/audit/verify", response_model=Verification)
 async def audit_verify(request: Request, principal: CurrentPrincipal, state: State) -> Response:
     # Stopped when the client leaves: verifying a long chain for nobody would hold a
-    # snapshot and a share of this worker for minutes.
+    # connection, retention's cuts and a share of this worker for minutes.
     verifying = asyncio.ensure_future(service.verify_for(state, principal))
     leaving = asyncio.ensure_future(_left(request))
     try:
