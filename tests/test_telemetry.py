@@ -6,19 +6,27 @@ import io
 import json
 import logging
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import CarrierT, Setter, TextMapPropagator, default_setter
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext, SpanKind, StatusCode
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import telemetry
 from app.logs import JsonFormatter, QueuedStream
+from app.telemetry import tracing
 from tests.conftest import Providers
 
 Auth = Callable[..., dict[str, str]]
@@ -422,6 +430,73 @@ def test_queued_stream_writes_json_lines_from_its_own_thread() -> None:
     [line] = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert (line["message"], line["level"], line["logger"]) == ("hello x", "WARNING", "toolgate")
     assert line["time"].endswith("+00:00")
+
+
+@given(st.floats(min_value=0, max_value=2**34, allow_nan=False))
+def test_a_log_lines_time_is_its_records_time_to_the_millisecond(created: float) -> None:
+    assert JsonFormatter().time(created) == datetime.fromtimestamp(created, UTC).isoformat(
+        timespec="milliseconds"
+    )
+
+
+span_ids = st.builds(
+    SpanContext,
+    trace_id=st.integers(1, 2**128 - 1),
+    span_id=st.integers(1, 2**64 - 1),
+    is_remote=st.just(False),
+    trace_flags=st.sampled_from([TraceFlags(0), TraceFlags(1)]),
+)
+
+
+def injected(ids: SpanContext) -> dict[str, str]:
+    """What the global propagator writes for a span alone in its context."""
+    headers: dict[str, str] = {}
+    propagate.inject(headers, context=trace.set_span_in_context(NonRecordingSpan(ids), Context()))
+    return headers
+
+
+@given(span_ids)
+def test_a_request_with_no_callers_context_sends_what_the_propagators_write(
+    ids: SpanContext,
+) -> None:
+    assert tracing.carrier(NonRecordingSpan(ids), continued=False) == injected(ids)
+
+
+class Correlation(TextMapPropagator):
+    """A propagator of another header, as a deployment might configure beside W3C's."""
+
+    def extract(self, carrier: CarrierT, context: Context | None = None, getter: Any = None) -> Any:
+        return context
+
+    def inject(
+        self,
+        carrier: CarrierT,
+        context: Context | None = None,
+        setter: Setter[CarrierT] = default_setter,
+    ) -> None:
+        ids = trace.get_current_span(context).get_span_context()
+        setter.set(carrier, "x-correlation", f"{ids.trace_id:x}")
+
+    @property
+    def fields(self) -> set[str]:
+        return {"x-correlation"}
+
+
+def test_other_configured_propagators_write_their_own_headers() -> None:
+    ids = SpanContext(0xABC, 0xDEF, is_remote=False)
+    default = propagate.get_global_textmap()
+    propagate.set_global_textmap(
+        CompositePropagator([TraceContextTextMapPropagator(), Correlation()])
+    )
+    try:
+        sent = tracing.carrier(NonRecordingSpan(ids), continued=False)
+    finally:
+        propagate.set_global_textmap(default)
+    assert sent == {
+        "traceparent": f"00-{0xABC:032x}-{0xDEF:016x}-00",
+        "x-correlation": "abc",
+    }
+    assert tracing.carrier(NonRecordingSpan(ids), continued=False) == injected(ids)
 
 
 def test_otlp_export_is_installed_only_when_an_endpoint_is_configured() -> None:

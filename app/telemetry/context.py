@@ -32,13 +32,16 @@ class CallAttempt(Protocol):
 class RequestFields:
     """The request's correlation ids, for every log line and span it produces."""
 
-    __slots__ = ("attempt", "call_id", "propagated", "run_id", "span")
+    __slots__ = ("attempt", "call_id", "continued", "propagated", "run_id", "span")
 
-    def __init__(self, span: trace.Span = trace.INVALID_SPAN) -> None:
+    def __init__(self, span: trace.Span = trace.INVALID_SPAN, *, continued: bool = False) -> None:
         self.span = span
         """The request's SERVER span. Only a recorded one is also OpenTelemetry's current
         span (the parent of provider spans); the ids of any reach log lines and providers
         from here."""
+        self.continued = continued
+        """Whether the request carried a caller's trace context (``traceparent``,
+        ``tracestate`` or ``baggage``)."""
         self.call_id: str | None = None
         self.run_id: str | None = None
         self.attempt: CallAttempt | None = None

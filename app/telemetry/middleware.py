@@ -59,7 +59,7 @@ class TelemetryMiddleware:
         otel_token = None
         if parent is not None or span.is_recording():  # else nothing reads OTel's context
             otel_token = otel_context.attach(trace.set_span_in_context(span, parent))
-        fields = RequestFields(span)
+        fields = RequestFields(span, continued=parent is not None)
         fields_token = request_fields.set(fields)
         status = 500
         error: str | None = None

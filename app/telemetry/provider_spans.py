@@ -59,8 +59,7 @@ class ProviderCall:
             propagate.inject(headers, context=trace.set_span_in_context(self._span))
             return
         if fields.propagated is None:
-            fields.propagated = {}
-            propagate.inject(fields.propagated, context=trace.set_span_in_context(self._span))
+            fields.propagated = tracing.carrier(self._span, fields.continued)
         headers.update(fields.propagated)
 
     def answered(self, status: int) -> None:

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastapi.telemetry import TelemetryConfig
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -26,7 +27,7 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     SamplingResult,
 )
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 DEFAULT_SERVICE_NAME = "toolgate"
 FASTAPI_OFF: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
@@ -36,6 +37,12 @@ tracer: trace.Tracer = trace.get_tracer("toolgate")
 """The process's tracer, once ``setup`` has run: request and provider spans start here."""
 _idle: tuple[WhileExporting, IdGenerator] | None = None
 """The sampler and id generator of ``setup``'s provider, when it samples ``WhileExporting``."""
+_PROBES = tuple(
+    SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False, TraceFlags(f))
+    for f in (TraceFlags.DEFAULT, TraceFlags.SAMPLED)
+)
+_plain: tuple[TextMapPropagator, bool] | None = None
+"""The propagator last probed by ``_traceparent_only``, and its answer."""
 
 
 class WhileExporting(Sampler):
@@ -83,6 +90,39 @@ def server_span(name: str, parent: Context | None, attributes: dict[str, Any]) -
             SpanContext(ids.generate_trace_id(), ids.generate_span_id(), is_remote=False)
         )
     return tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+
+
+def carrier(span: trace.Span, continued: bool) -> dict[str, str]:
+    """The headers that carry ``span`` to a provider, as the configured propagators write
+    them. A request that ``continued`` no caller's context holds no trace state or baggage;
+    while the propagators write only ``traceparent`` for such a span (the default
+    ``tracecontext,baggage`` does), that header is formatted here directly, without the
+    SDK's context and propagator calls."""
+    ids = span.get_span_context()
+    if not continued and ids.is_valid and _traceparent_only():
+        return {"traceparent": _traceparent(ids)}
+    headers: dict[str, str] = {}
+    propagate.inject(headers, context=trace.set_span_in_context(span))
+    return headers
+
+
+def _traceparent(ids: SpanContext) -> str:
+    return f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
+
+
+def _traceparent_only() -> bool:
+    """Whether the global propagator writes exactly W3C's ``traceparent`` for a span in an
+    otherwise empty context: probed once per propagator, sampled and not."""
+    global _plain
+    textmap = propagate.get_global_textmap()
+    if _plain is None or _plain[0] is not textmap:
+        written = []
+        for probe in _PROBES:
+            headers: dict[str, str] = {}
+            textmap.inject(headers, trace.set_span_in_context(NonRecordingSpan(probe), Context()))
+            written.append(headers == {"traceparent": _traceparent(probe)})
+        _plain = (textmap, all(written))
+    return _plain[1]
 
 
 def add_span_processor(provider: TracerProvider, processor: SpanProcessor) -> None:
