@@ -1,0 +1,157 @@
+"""Instructions per request, toolgate against the forwarder: a yardstick host noise does not move.
+
+    python bench/instructions.py [--requests 300] [--workloads read,mutation]
+
+The same setup as ``run.py`` (a throwaway database, the demo providers, the same workloads,
+everything stopped and dropped afterwards), but each target runs under
+``valgrind --tool=callgrind`` with counting off. Over one kept-alive connection it serves
+``--warmup`` requests, then counting is switched on (``callgrind_control -i on``) for
+``--requests`` sequential requests, and the count is read from callgrind's dump. The same
+tree counts within about 1 % from run to run, whatever else the host is doing, which
+seconds on a shared host never do. Only the server process is counted: toolgate's sealer
+runs outside valgrind. Figures only; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import HOST, BenchError, Processes, free_port, sigterm_as_interrupt, wait_ready
+from run import (
+    WORKLOADS,
+    create_database,
+    delete_redis_keys,
+    drop_database,
+    migrate_and_start_providers,
+    server_argv,
+    token,
+)
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300, help="requests counted")
+    parser.add_argument("--warmup", type=int, default=100, help="requests before counting")
+    parser.add_argument(
+        "--postgres", default="postgresql://postgres@127.0.0.1:5432", help="server URL, no db"
+    )
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--workloads", default="read,mutation", help="comma-separated subset of read,mutation"
+    )
+    return parser.parse_args()
+
+
+def send(connection: http.client.HTTPConnection, bearer: str, workload: str, n: int) -> None:
+    """``n`` requests of ``workload``, each answered 200."""
+    body = orjson.dumps(WORKLOADS[workload])
+    for _ in range(n):
+        headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
+        if workload == "mutation":
+            headers["Idempotency-Key"] = "instr-" + secrets.token_hex(12)
+        connection.request("POST", "/execute", body, headers)
+        response = connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise BenchError(f"{workload} answered {response.status}: {answer[:300]!r}")
+
+
+def callgrind_control(option: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", option, str(pid)], check=True, capture_output=True)
+
+
+def counted(out: Path) -> int:
+    """Instructions in every dump callgrind wrote for ``out`` (counting was on in one)."""
+    return sum(
+        int(match)
+        for path in out.parent.glob(out.name + "*")
+        for match in re.findall(r"^totals: (\d+)", path.read_text(), re.MULTILINE)
+    )
+
+
+def main() -> int:
+    ns = _args()
+    if shutil.which("callgrind_control") is None:
+        raise BenchError("valgrind is not installed (apt-get install -y valgrind)")
+    nonce = secrets.token_hex(4)
+    db_name = f"bench_{nonce}"
+    secret = secrets.token_hex(32)
+    prefixes = [f"bench-{nonce}:", f"bench-fwd-{nonce}:"]
+    work = Path(tempfile.mkdtemp(prefix=f"toolgate-instructions-{nonce}-"))
+    provider_port = free_port()
+    providers_url = f"http://{HOST}:{provider_port}"
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "TOOLGATE_DATABASE_URL": f"{ns.postgres}/{db_name}",
+        "TOOLGATE_REDIS_URL": ns.redis,
+        "TOOLGATE_REDIS_PREFIX": prefixes[0],
+        "TOOLGATE_JWT_SECRET": secret,
+        "TOOLGATE_CATALOG": "catalog/",
+        "DEMO_PROVIDERS_URL": providers_url,
+        "FWD_DATABASE_URL": f"{ns.postgres}/{db_name}",
+        "FWD_REDIS_URL": ns.redis,
+        "FWD_REDIS_PREFIX": prefixes[1],
+        "FWD_JWT_SECRET": secret,
+        "FWD_PROVIDERS_URL": providers_url,
+    }
+    bearer = token(secret)
+    per_request: dict[tuple[str, str], int] = {}
+    with sigterm_as_interrupt():
+        create_database(ns.postgres, db_name)
+        try:
+            with Processes(work) as procs:
+                migrate_and_start_providers(procs, env, provider_port)
+                for workload in ns.workloads.split(","):
+                    for target in ("toolgate", "forwarder"):
+                        port = free_port()
+                        out = work / f"{target}-{workload}.callgrind"
+                        valgrind = [
+                            "valgrind",
+                            "--tool=callgrind",
+                            "--instr-atstart=no",
+                            "--trace-children=no",
+                            f"--callgrind-out-file={out}",
+                        ]
+                        argv = [*valgrind, *server_argv(target, port)]
+                        server = procs.start(f"{target}-{workload}", argv, env)
+                        wait_ready(server, f"http://{HOST}:{port}/healthz", timeout_s=300)
+                        connection = http.client.HTTPConnection(HOST, port, timeout=120)
+                        send(connection, bearer, workload, ns.warmup)
+                        callgrind_control("--instr=on", server.pid)
+                        send(connection, bearer, workload, ns.requests)
+                        callgrind_control("--instr=off", server.pid)
+                        callgrind_control("--dump", server.pid)
+                        connection.close()
+                        procs.stop(server)
+                        per_request[target, workload] = counted(out) // ns.requests
+                        print(f"{target:9} {workload:8} {per_request[target, workload]:>11,}")
+        finally:
+            drop_database(ns.postgres, db_name)
+            delete_redis_keys(ns.redis, prefixes)
+            shutil.rmtree(work, ignore_errors=True)
+    print("\n| workload | toolgate | forwarder | forwarder / toolgate |\n|---|---:|---:|---:|")
+    for workload in ns.workloads.split(","):
+        mine, theirs = per_request["toolgate", workload], per_request["forwarder", workload]
+        print(f"| {workload} | {mine // 1000:,} k | {theirs // 1000:,} k | {theirs / mine:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        sys.exit(1)
