@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import re
 import secrets
 import shutil
@@ -31,11 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import HOST, BenchError, Processes, free_port, sigterm_as_interrupt, wait_ready
 from run import (
     WORKLOADS,
+    add_common_arguments,
     create_database,
     delete_redis_keys,
     drop_database,
     migrate_and_start_providers,
     server_argv,
+    throwaway,
     token,
 )
 
@@ -44,13 +45,7 @@ def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300, help="requests counted")
     parser.add_argument("--warmup", type=int, default=100, help="requests before counting")
-    parser.add_argument(
-        "--postgres", default="postgresql://postgres@127.0.0.1:5432", help="server URL, no db"
-    )
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    parser.add_argument(
-        "--workloads", default="read,mutation", help="comma-separated subset of read,mutation"
-    )
+    add_common_arguments(parser)
     return parser.parse_args()
 
 
@@ -85,35 +80,15 @@ def main() -> int:
     ns = _args()
     if shutil.which("callgrind_control") is None:
         raise BenchError("valgrind is not installed (apt-get install -y valgrind)")
-    nonce = secrets.token_hex(4)
-    db_name = f"bench_{nonce}"
-    secret = secrets.token_hex(32)
-    prefixes = [f"bench-{nonce}:", f"bench-fwd-{nonce}:"]
-    work = Path(tempfile.mkdtemp(prefix=f"toolgate-instructions-{nonce}-"))
-    provider_port = free_port()
-    providers_url = f"http://{HOST}:{provider_port}"
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "TOOLGATE_DATABASE_URL": f"{ns.postgres}/{db_name}",
-        "TOOLGATE_REDIS_URL": ns.redis,
-        "TOOLGATE_REDIS_PREFIX": prefixes[0],
-        "TOOLGATE_JWT_SECRET": secret,
-        "TOOLGATE_CATALOG": "catalog/",
-        "DEMO_PROVIDERS_URL": providers_url,
-        "FWD_DATABASE_URL": f"{ns.postgres}/{db_name}",
-        "FWD_REDIS_URL": ns.redis,
-        "FWD_REDIS_PREFIX": prefixes[1],
-        "FWD_JWT_SECRET": secret,
-        "FWD_PROVIDERS_URL": providers_url,
-    }
-    bearer = token(secret)
+    run = throwaway(ns.postgres, ns.redis)
+    work = Path(tempfile.mkdtemp(prefix=f"toolgate-instructions-{run.db_name}-"))
+    bearer = token(run.secret)
     per_request: dict[tuple[str, str], int] = {}
     with sigterm_as_interrupt():
-        create_database(ns.postgres, db_name)
+        create_database(ns.postgres, run.db_name)
         try:
             with Processes(work) as procs:
-                migrate_and_start_providers(procs, env, provider_port)
+                migrate_and_start_providers(procs, run.env, run.provider_port)
                 for workload in ns.workloads.split(","):
                     for target in ("toolgate", "forwarder"):
                         port = free_port()
@@ -126,7 +101,7 @@ def main() -> int:
                             f"--callgrind-out-file={out}",
                         ]
                         argv = [*valgrind, *server_argv(target, port)]
-                        server = procs.start(f"{target}-{workload}", argv, env)
+                        server = procs.start(f"{target}-{workload}", argv, run.env)
                         wait_ready(server, f"http://{HOST}:{port}/healthz", timeout_s=300)
                         connection = http.client.HTTPConnection(HOST, port, timeout=120)
                         send(connection, bearer, workload, ns.warmup)
@@ -139,8 +114,8 @@ def main() -> int:
                         per_request[target, workload] = counted(out) // ns.requests
                         print(f"{target:9} {workload:8} {per_request[target, workload]:>11,}")
         finally:
-            drop_database(ns.postgres, db_name)
-            delete_redis_keys(ns.redis, prefixes)
+            drop_database(ns.postgres, run.db_name)
+            delete_redis_keys(ns.redis, run.prefixes)
             shutil.rmtree(work, ignore_errors=True)
     print("\n| workload | toolgate | forwarder | forwarder / toolgate |\n|---|---:|---:|---:|")
     for workload in ns.workloads.split(","):

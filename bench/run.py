@@ -89,12 +89,9 @@ class Row:
     host_busy_pct: float
 
 
-def _args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds per measured run")
-    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of warm-up per run")
-    parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
-    parser.add_argument("--threads", type=int, default=1, help="wrk threads (2 cores here)")
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The servers to use and the workloads to run, as ``run.py`` and ``instructions.py``
+    take them."""
     parser.add_argument(
         "--postgres", default="postgresql://postgres@127.0.0.1:5432", help="server URL, no db"
     )
@@ -102,6 +99,15 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--workloads", default="read,mutation", help="comma-separated subset of read,mutation"
     )
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per measured run")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of warm-up per run")
+    parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
+    parser.add_argument("--threads", type=int, default=1, help="wrk threads (2 cores here)")
+    add_common_arguments(parser)
     parser.add_argument(
         "--rounds", type=int, default=1, help="repeat the runs; the table shows medians"
     )
@@ -156,6 +162,43 @@ def token(secret: str) -> str:
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
+@dataclass(frozen=True)
+class Throwaway:
+    """What one run makes and removes: a database, a Redis key prefix per target, a JWT
+    secret, and a port for the demo providers; ``env`` is both targets' settings."""
+
+    db_name: str
+    prefixes: list[str]
+    secret: str
+    provider_port: int
+    env: dict[str, str]
+
+
+def throwaway(postgres: str, redis_url: str) -> Throwaway:
+    nonce = secrets.token_hex(4)
+    db_url = f"{postgres}/bench_{nonce}"
+    prefixes = [f"bench-{nonce}:", f"bench-fwd-{nonce}:"]
+    secret = secrets.token_hex(32)
+    provider_port = free_port()
+    providers_url = f"http://{HOST}:{provider_port}"
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "TOOLGATE_DATABASE_URL": db_url,
+        "TOOLGATE_REDIS_URL": redis_url,
+        "TOOLGATE_REDIS_PREFIX": prefixes[0],
+        "TOOLGATE_JWT_SECRET": secret,
+        "TOOLGATE_CATALOG": "catalog/",
+        "DEMO_PROVIDERS_URL": providers_url,
+        "FWD_DATABASE_URL": db_url,
+        "FWD_REDIS_URL": redis_url,
+        "FWD_REDIS_PREFIX": prefixes[1],
+        "FWD_JWT_SECRET": secret,
+        "FWD_PROVIDERS_URL": providers_url,
+    }
+    return Throwaway(f"bench_{nonce}", prefixes, secret, provider_port, env)
+
+
 def migrate_and_start_providers(procs: Processes, env: dict[str, str], port: int) -> Proc:
     """``toolgate migrate`` the bench database, then start the demo providers on ``port``
     and wait until they answer."""
@@ -189,29 +232,9 @@ def main() -> int:
     unknown = set(workloads) - set(WORKLOADS)
     if unknown:
         raise BenchError(f"unknown workloads: {sorted(unknown)}")
-    nonce = secrets.token_hex(4)
-    db_name = f"bench_{nonce}"
-    db_url = f"{ns.postgres}/{db_name}"
-    secret = secrets.token_hex(32)
-    redis_prefixes = [f"bench-{nonce}:", f"bench-fwd-{nonce}:"]
-    log_dir = Path(tempfile.mkdtemp(prefix=f"toolgate-bench-{nonce}-"))
-    provider_port = free_port()
-    providers_url = f"http://{HOST}:{provider_port}"
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "TOOLGATE_DATABASE_URL": db_url,
-        "TOOLGATE_REDIS_URL": ns.redis,
-        "TOOLGATE_REDIS_PREFIX": redis_prefixes[0],
-        "TOOLGATE_JWT_SECRET": secret,
-        "TOOLGATE_CATALOG": "catalog/",
-        "DEMO_PROVIDERS_URL": providers_url,
-        "FWD_DATABASE_URL": db_url,
-        "FWD_REDIS_URL": ns.redis,
-        "FWD_REDIS_PREFIX": redis_prefixes[1],
-        "FWD_JWT_SECRET": secret,
-        "FWD_PROVIDERS_URL": providers_url,
-    }
+    run = throwaway(ns.postgres, ns.redis)
+    db_name, redis_prefixes, env = run.db_name, run.prefixes, run.env
+    log_dir = Path(tempfile.mkdtemp(prefix=f"toolgate-{db_name}-"))
     rows: list[Row] = []
     database_created = False
     failed = True
@@ -221,9 +244,9 @@ def main() -> int:
             create_database(ns.postgres, db_name)
             database_created = True
             with Processes(log_dir) as procs:
-                providers = migrate_and_start_providers(procs, env, provider_port)
+                providers = migrate_and_start_providers(procs, env, run.provider_port)
                 targets = ["toolgate", "forwarder"]
-                bearer = token(secret)
+                bearer = token(run.secret)
                 servers: dict[str, Proc] = {}
                 urls: dict[str, str] = {}
 
