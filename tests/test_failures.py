@@ -6,7 +6,10 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 
+from app.db import Database
+from app.errors import Unavailable
 from tests.conftest import OwnRedis, Providers, running_app
 from tests.flows import ALICE, Auth, Flow, new_key
 
@@ -118,6 +121,17 @@ async def test_a_lost_database_answers_503_not_an_allow(
         )
         assert (response.status_code, response.json()["code"]) == (503, "unavailable")
         assert (await client.get("/readyz")).status_code == 503
+
+
+@pytest.mark.parametrize("block", ["connection", "transaction"])
+async def test_a_connection_lost_inside_a_block_is_unavailable_and_the_pool_serves_on(
+    database: Database, block: str
+) -> None:
+    with pytest.raises(Unavailable):
+        async with getattr(database, block)() as conn:
+            await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    async with database.connection() as conn:
+        assert await conn.fetchval("SELECT 1") == 1
 
 
 async def test_expired_records_are_purged_and_their_key_may_be_used_again(
