@@ -83,10 +83,11 @@ class JsonFormatter(logging.Formatter):
         as much as the rest of the line's formatting."""
         fraction, whole = math.modf(created)  # rounded as datetime.fromtimestamp rounds
         second, micros = divmod(int(whole) * 1_000_000 + round(fraction * 1e6), 1_000_000)
-        if self._second[0] != second:
-            text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-            self._second = (second, text)
-        return f"{self._second[1]}.{micros // 1000:03d}+00:00"
+        cached = self._second  # read once: another thread may store another second
+        if cached[0] != second:
+            cached = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+            self._second = cached
+        return f"{cached[1]}.{micros // 1000:03d}+00:00"
 
 
 class QueuedStream(logging.Handler):

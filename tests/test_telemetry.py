@@ -20,7 +20,14 @@ from opentelemetry.propagators.textmap import CarrierT, Setter, TextMapPropagato
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -445,6 +452,7 @@ span_ids = st.builds(
     span_id=st.integers(1, 2**64 - 1),
     is_remote=st.just(False),
     trace_flags=st.sampled_from([TraceFlags(0), TraceFlags(1)]),
+    trace_state=st.sampled_from([None, TraceState([("ot", "th:8")])]),  # a sampler's
 )
 
 

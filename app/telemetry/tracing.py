@@ -94,12 +94,12 @@ def server_span(name: str, parent: Context | None, attributes: dict[str, Any]) -
 
 def carrier(span: trace.Span, continued: bool) -> dict[str, str]:
     """The headers that carry ``span`` to a provider, as the configured propagators write
-    them. A request that ``continued`` no caller's context holds no trace state or baggage;
-    while the propagators write only ``traceparent`` for such a span (the default
-    ``tracecontext,baggage`` does), that header is formatted here directly, without the
-    SDK's context and propagator calls."""
+    them. A request that ``continued`` no caller's context holds no baggage, and its span
+    usually no trace state; while the propagators write only ``traceparent`` for such a
+    span (the default ``tracecontext,baggage`` does), that header is formatted here
+    directly, without the SDK's context and propagator calls."""
     ids = span.get_span_context()
-    if not continued and ids.is_valid and _traceparent_only():
+    if not continued and ids.is_valid and not ids.trace_state and _traceparent_only():
         return {"traceparent": _traceparent(ids)}
     headers: dict[str, str] = {}
     propagate.inject(headers, context=trace.set_span_in_context(span))
