@@ -89,7 +89,7 @@ def main() -> int:
         try:
             with Processes(work) as procs:
                 migrate_and_start_providers(procs, run.env, run.provider_port)
-                for workload in ns.workloads.split(","):
+                for workload in ns.workloads:
                     for target in ("toolgate", "forwarder"):
                         port = free_port()
                         out = work / f"{target}-{workload}.callgrind"
@@ -118,7 +118,7 @@ def main() -> int:
             delete_redis_keys(ns.redis, run.prefixes)
             shutil.rmtree(work, ignore_errors=True)
     print("\n| workload | toolgate | forwarder | forwarder / toolgate |\n|---|---:|---:|---:|")
-    for workload in ns.workloads.split(","):
+    for workload in ns.workloads:
         mine, theirs = per_request["toolgate", workload], per_request["forwarder", workload]
         print(f"| {workload} | {mine // 1000:,} k | {theirs // 1000:,} k | {theirs / mine:.2f} |")
     return 0

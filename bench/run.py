@@ -97,8 +97,19 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument(
-        "--workloads", default="read,mutation", help="comma-separated subset of read,mutation"
+        "--workloads",
+        type=_workloads,
+        default="read,mutation",
+        help="comma-separated subset of read,mutation",
     )
+
+
+def _workloads(text: str) -> list[str]:
+    workloads = [w for w in text.split(",") if w]
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown workloads: {sorted(unknown)}")
+    return workloads
 
 
 def _args() -> argparse.Namespace:
@@ -228,10 +239,7 @@ def smoke(url: str, bearer: str, workload: str, label: str) -> None:
 def main() -> int:
     ns = _args()
     require_wrk()
-    workloads = [w for w in ns.workloads.split(",") if w]
-    unknown = set(workloads) - set(WORKLOADS)
-    if unknown:
-        raise BenchError(f"unknown workloads: {sorted(unknown)}")
+    workloads: list[str] = ns.workloads
     run = throwaway(ns.postgres, ns.redis)
     db_name, redis_prefixes, env = run.db_name, run.prefixes, run.env
     log_dir = Path(tempfile.mkdtemp(prefix=f"toolgate-{db_name}-"))
