@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import IntEnum, unique
 from operator import attrgetter
 from pathlib import Path
@@ -255,7 +255,12 @@ class Database:
 
 @dataclass(frozen=True)
 class Insert:
-    """The INSERT of a row dataclass: every field but those the database fills in."""
+    """The INSERT of a row type, a ``NamedTuple`` whose fields are the table's columns,
+    leaving out those the database fills in.
+
+    Row types are ``NamedTuple``s rather than frozen dataclasses: every request builds a
+    few, and a frozen dataclass sets each field through ``object.__setattr__``, several times
+    the cost of making a tuple."""
 
     sql: str
     columns: tuple[str, ...]
@@ -264,9 +269,10 @@ class Insert:
     more than one column, so it gives a tuple)."""
 
     @classmethod
-    def of(cls, table: str, row_type: type, generated: Iterable[str] = ()) -> Insert:
+    def of(cls, table: str, fields: Iterable[str], generated: Iterable[str] = ()) -> Insert:
+        """``fields``: the row type's (``CallRow._fields``)."""
         skip = set(generated)
-        columns = tuple(f.name for f in fields(row_type) if f.name not in skip)
+        columns = tuple(name for name in fields if name not in skip)
         placeholders = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
         sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})"
         return cls(sql, columns, attrgetter(*columns))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -66,8 +66,7 @@ class Binding:
         }
 
 
-@dataclass(frozen=True)
-class ApprovalRow:
+class ApprovalRow(NamedTuple):
     id: str
     call_id: str
     decision: str

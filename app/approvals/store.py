@@ -7,7 +7,7 @@ from datetime import datetime
 from app.approvals.models import ApprovalRow, InboxRow
 from app.db import Connection, Insert
 
-_INSERT = Insert.of("approvals", ApprovalRow, ["created_at"])
+_INSERT = Insert.of("approvals", ApprovalRow._fields, ["created_at"])
 
 
 async def insert(conn: Connection, approval: ApprovalRow) -> None:

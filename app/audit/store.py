@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from datetime import UTC, date, datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from app.audit.chain import rfc3339
 from app.audit.models import (
@@ -23,8 +23,7 @@ from app.audit.models import (
 from app.db import Connection, Insert, Record
 
 
-@dataclass(frozen=True)
-class AuditEvent:
+class AuditEvent(NamedTuple):
     event: str
     tenant: str
     actor: str
@@ -47,7 +46,7 @@ class AuditEvent:
     provider_ms: float | None = None
 
 
-_INSERT = Insert.of("audit_events", AuditEvent)
+_INSERT = Insert.of("audit_events", AuditEvent._fields)
 _COLUMNS = _INSERT.columns
 
 

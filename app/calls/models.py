@@ -7,7 +7,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import Field, model_validator
 
@@ -153,8 +153,7 @@ FINAL = ("rejected", *STARTED)
 """No later decision changes the call's state (a denial is still audited)."""
 
 
-@dataclass(frozen=True)
-class CallRow:
+class CallRow(NamedTuple):
     id: str
     tenant: str
     actor: str
@@ -193,8 +192,7 @@ class DryRunBody(Body):
     call_id: Text = Field(min_length=1, max_length=200)
 
 
-@dataclass(frozen=True)
-class DryRunRow:
+class DryRunRow(NamedTuple):
     id: str
     call_id: str
     tenant: str
@@ -208,8 +206,7 @@ class DryRunRow:
     created_at: datetime | None = None
 
 
-@dataclass(frozen=True)
-class ExecutionRow:
+class ExecutionRow(NamedTuple):
     operation_id: str
     tenant: str
     actor: str

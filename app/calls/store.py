@@ -11,9 +11,9 @@ from app.calls.models import FINAL, CallRow, DryRunRow, ExecutionRow
 from app.db import Connection, Insert
 
 _GENERATED = ("created_at", "updated_at")
-_CALL = Insert.of("calls", CallRow, _GENERATED)
-_DRY_RUN = Insert.of("dry_runs", DryRunRow, _GENERATED)
-_EXECUTION = Insert.of("executions", ExecutionRow, _GENERATED)
+_CALL = Insert.of("calls", CallRow._fields, _GENERATED)
+_DRY_RUN = Insert.of("dry_runs", DryRunRow._fields, _GENERATED)
+_EXECUTION = Insert.of("executions", ExecutionRow._fields, _GENERATED)
 _CLAIM_NEW = _EXECUTION.sql + " ON CONFLICT (tenant, actor, idempotency_key) DO NOTHING"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -42,8 +42,7 @@ class FinishBody(Body):
     reason: Text | None = Field(default=None, max_length=2000)
 
 
-@dataclass(frozen=True)
-class RunRow:
+class RunRow(NamedTuple):
     id: str
     tenant: str
     actor: str

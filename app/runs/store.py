@@ -9,7 +9,7 @@ from app.db import Connection, Insert
 from app.runs.models import RunCall, RunRow
 
 _INSERT = Insert.of(
-    "runs", RunRow, ["calls", "cost", "failures", "created_at", "updated_at", "finished_at"]
+    "runs", RunRow._fields, ["calls", "cost", "failures", "created_at", "updated_at", "finished_at"]
 )
 
 
