@@ -256,11 +256,7 @@ class Database:
 @dataclass(frozen=True)
 class Insert:
     """The INSERT of a row type, a ``NamedTuple`` whose fields are the table's columns,
-    leaving out those the database fills in.
-
-    Row types are ``NamedTuple``s rather than frozen dataclasses: every request builds a
-    few, and a frozen dataclass sets each field through ``object.__setattr__``, several times
-    the cost of making a tuple."""
+    leaving out those the database fills in."""
 
     sql: str
     columns: tuple[str, ...]

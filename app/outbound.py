@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
@@ -40,8 +39,7 @@ DEFAULT_MAX_BYTES = 1 << 20
 cannot make a worker buffer an unbounded body."""
 
 
-@dataclass(frozen=True)
-class Response:
+class Response(NamedTuple):
     status: int
     body: Any
     """Parsed JSON, or ``None`` when the body was empty or not JSON."""

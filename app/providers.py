@@ -11,8 +11,7 @@ caller, who knows whether an uncertain outcome matters.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from app.auth.principal import Principal
@@ -22,8 +21,7 @@ from app.outbound import NotSent, Outbound, Response, TooLarge, Uncertain
 from app.telemetry import ProviderCall, owner_lookup, tool_call
 
 
-@dataclass(frozen=True)
-class ProviderRequest:
+class ProviderRequest(NamedTuple):
     method: str
     url: str
     params: dict[str, str] | None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -47,8 +47,7 @@ class ExecuteBody(Body):
 _KEY = re.compile(r'"([A-Za-z0-9_-]{16,255})"|([A-Za-z0-9_-]{16,255})')
 
 
-@dataclass(frozen=True, slots=True)
-class IdempotencyKey:
+class IdempotencyKey(NamedTuple):
     """The ``Idempotency-Key`` header, parsed where the request arrives: 16-255 of
     ``[A-Za-z0-9_-]``, bare or as a quoted sf-string. Only a mutation needs one, and only once
     it is authorized (a denial is answered first), so a missing or malformed header is kept
@@ -72,8 +71,7 @@ class IdempotencyKey:
         raise IdempotencyKeyInvalid("Idempotency-Key must be 16-255 characters of [A-Za-z0-9_-]")
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     """What one request asks of a call, with the catalog it is decided under. The app's
     catalog is read once, here: a reload while the request waits on a provider does not
     change the policy version it records."""
@@ -85,8 +83,10 @@ class Request:
     """The catalog's tool of that name; ``None`` is an unknown tool, denied."""
     raw_arguments: Any
     run_id: str | None
-    tool_call_id: str | None = None
-    started: float = field(default_factory=time.perf_counter)
+    tool_call_id: str | None
+    started: float
+    """When the request began deciding (``time.perf_counter``): audit rows record the
+    time since."""
 
     @classmethod
     def under(
@@ -99,11 +99,19 @@ class Request:
         tool_call_id: str | None = None,
     ) -> Request:
         tool = catalog.tools.get(tool_name)
-        return cls(principal, catalog, tool_name, tool, raw_arguments, run_id, tool_call_id)
+        return cls(
+            principal,
+            catalog,
+            tool_name,
+            tool,
+            raw_arguments,
+            run_id,
+            tool_call_id,
+            time.perf_counter(),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class Authorized:
+class Authorized(NamedTuple):
     """A request that passed authorization: what the rest of its path takes. Only
     ``authorization.authorize`` makes one; anything that sends a call to its provider needs
     one (the background reconciler, which has no verified token, never has one)."""
@@ -133,12 +141,11 @@ class Authorized:
         return self.request.run_id
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
+class Answer(NamedTuple):
     """An /execute answer: the body, plus headers such as ``Idempotent-Replayed``."""
 
     body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] | None = None
 
 
 # A call's life (``calls.state``): proposed → previewed | awaiting_approval → approved |

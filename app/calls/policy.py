@@ -11,8 +11,7 @@ import copy
 import ipaddress
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import rfc8785
 
@@ -27,8 +26,7 @@ Next = Literal["execute", "dry_run", "approval"]
 NOT_ACCESSIBLE = "a resource named in the arguments is not accessible to this session"
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     type: str
     id: str
 
@@ -36,8 +34,7 @@ class Target:
         return {"type": self.type, "id": self.id}
 
 
-@dataclass(frozen=True)
-class PreparedCall:
+class PreparedCall(NamedTuple):
     """A call whose arguments passed the schema: normalized, fingerprinted, targeted."""
 
     tool: Tool
@@ -51,8 +48,7 @@ class PreparedCall:
     value that is not an acceptable URL is refused by ``decide``, never skipped."""
 
 
-@dataclass(frozen=True)
-class Facts:
+class Facts(NamedTuple):
     """What the service looked up just now for this decision."""
 
     owners: Mapping[str, Owner | None]
@@ -64,8 +60,7 @@ class Facts:
     outside a run, or when nothing needs judging."""
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     impact: Impact
     next: Next
     taint: tuple[Taint, ...] = ()

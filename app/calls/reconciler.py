@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from app.auth.principal import Principal
 from app.calls import mutation, store
@@ -126,7 +127,14 @@ def _opened(
     arguments = call.arguments or {}
     principal = Principal(sub=record.actor, tenant=record.tenant, roles=frozenset())
     request = Request(
-        principal, catalog, record.tool, tool, arguments, call.run_id, call.tool_call_id
+        principal,
+        catalog,
+        record.tool,
+        tool,
+        arguments,
+        call.run_id,
+        call.tool_call_id,
+        time.perf_counter(),
     )
     prepared = PreparedCall(tool, arguments, record.fingerprint, target, (), ())
     return OpenExecution(state, request, prepared, record)

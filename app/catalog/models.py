@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import cel
 import jsonschema_rs
@@ -39,8 +39,7 @@ class Resource:
     owner: Endpoint
 
 
-@dataclass(frozen=True)
-class Owner:
+class Owner(NamedTuple):
     """Whom a resource belongs to, as its provider's ``owner`` endpoint answers."""
 
     tenant: str
