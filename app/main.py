@@ -142,9 +142,8 @@ class RequestLimits:
     endpoint runs, and nothing recorded.
 
     - A body over ``MAX_BODY_BYTES``: 413 ``invalid_request``. A declared ``Content-Length``
-      over it is answered at once; one within it bounds the body (the HTTP server reads
-      exactly that many bytes). A body without one is counted as it arrives, and a read past
-      the limit fails, which the app's handlers turn into the same problem.
+      over it is answered at once; a longer body without one fails its read, which the app's
+      handlers turn into the same problem.
     - NUL in the path or the query: path and query values are looked up in PostgreSQL, whose
       text cannot hold it, and URLs are decoded with replacement characters, so NUL is the one
       thing that does not fit. In the path it names nothing (404 ``not_found``); in the query
@@ -158,13 +157,9 @@ class RequestLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _declared_length(scope)
-        refusal = _refusal(scope, declared)
+        refusal = _refusal(scope)
         if refusal is not None:
             await problem(refusal)(scope, receive, send)
-            return
-        if declared is not None:
-            await self.app(scope, receive, send)
             return
         received = 0
 
@@ -179,16 +174,10 @@ class RequestLimits:
         await self.app(scope, counted, send)
 
 
-def _declared_length(scope: Scope) -> int | None:
+def _refusal(scope: Scope) -> ToolgateError | None:
     for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit():
-            return int(value)
-    return None
-
-
-def _refusal(scope: Scope, declared: int | None) -> ToolgateError | None:
-    if declared is not None and declared > MAX_BODY_BYTES:
-        return _too_large()
+        if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+            return _too_large()
     if "\x00" in scope["path"]:
         return NotFound("no such resource")
     query: bytes = scope["query_string"]
