@@ -176,7 +176,7 @@ class RequestLimits:
 
 def _refusal(scope: Scope) -> ToolgateError | None:
     for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+        if name == b"content-length" and _over_limit(value):
             return _too_large()
     if "\x00" in scope["path"]:
         return NotFound("no such resource")
@@ -184,6 +184,16 @@ def _refusal(scope: Scope) -> ToolgateError | None:
     if b"%00" in query or b"\x00" in query:
         return InvalidRequest("a query parameter holds a NUL character")
     return None
+
+
+def _over_limit(length: bytes) -> bool:
+    """Whether a declared ``Content-Length`` exceeds ``MAX_BODY_BYTES``. The HTTP server
+    passes leading zeros through, and ``int`` refuses thousands of digits: a long value is
+    judged by its significant digits' count."""
+    if not length.isdigit():
+        return False  # not a length at all: the HTTP server refuses the request
+    digits = length.lstrip(b"0")
+    return len(digits) > len(str(MAX_BODY_BYTES)) or int(digits or b"0") > MAX_BODY_BYTES
 
 
 def _too_large() -> ToolgateError:

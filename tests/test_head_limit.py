@@ -114,3 +114,24 @@ async def test_the_limit_applies_to_each_request_of_a_kept_alive_connection(
             b"GET /healthz HTTP/1.1\r\nhost: toolgate\r\nx-h: %s\r\n\r\n" % (b"a" * 80_000)
         )
         assert_refused(*answer(sock))
+
+
+async def test_a_content_length_of_thousands_of_digits_is_judged_not_crashed_on(
+    served: Instance,
+) -> None:
+    """Leading zeros reach the app as sent, too many for ``int``; the value is still a
+    length: a small one is served (here: no token, 401), one over the limit refused at once
+    (413)."""
+    answers = []
+    for length, body in ((b"0" * 5000 + b"2", b"{}"), (b"0" * 5000 + b"2000000", b"{}")):
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /propose HTTP/1.1\r\nhost: toolgate\r\nconnection: close\r\n"
+                b"content-type: application/json\r\ncontent-length: " + length + b"\r\n\r\n" + body
+            )
+            answers.append(answer(sock))
+    for (status, headers, body), expected in zip(answers, (401, 413), strict=True):
+        assert status == expected, body
+        assert headers["content-type"] == "application/problem+json"
+    assert orjson.loads(answers[0][2])["code"] == "unauthenticated"
+    assert orjson.loads(answers[1][2])["code"] == "invalid_request"
