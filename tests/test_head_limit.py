@@ -123,11 +123,11 @@ async def test_a_content_length_of_thousands_of_digits_is_judged_not_crashed_on(
     length: a small one is served (here: no token, 401), one over the limit refused at once
     (413)."""
     answers = []
-    for length, body in ((b"0" * 5000 + b"2", b"{}"), (b"0" * 5000 + b"2000000", b"{}")):
+    for length in (b"0" * 5000 + b"2", b"0" * 5000 + b"2000000"):
         with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
             sock.sendall(
                 b"POST /propose HTTP/1.1\r\nhost: toolgate\r\nconnection: close\r\n"
-                b"content-type: application/json\r\ncontent-length: " + length + b"\r\n\r\n" + body
+                b"content-type: application/json\r\ncontent-length: " + length + b"\r\n\r\n{}"
             )
             answers.append(answer(sock))
     for (status, headers, body), expected in zip(answers, (401, 413), strict=True):
