@@ -11,8 +11,8 @@ each, taken from one or several values (a split value).
 Normalization (both sides, so case, padding and spacing do not hide a value): NFKC, case
 folding, NFKC again; then every character that is not a letter, mark, digit or symbol is
 dropped (whitespace, punctuation, control and invisible format characters such as a
-zero-width space). ``DE89 3704-0044.0532 0130 00`` and ``de89370400440532013000`` are one
-value.
+zero-width space), and so is every character that renders as nothing (``_INVISIBLE``).
+``DE89 3704-0044.0532 0130 00`` and ``de89370400440532013000`` are one value.
 
 What this cannot see: a value the model transformed (translated, re-encoded, reordered,
 spelled out), parts shorter than 8 characters, and an argument that wraps a remembered value
@@ -33,25 +33,58 @@ _KEPT = ("L", "M", "N", "S")
 """Unicode general categories that survive normalization (by first letter)."""
 
 
+_INVISIBLE = frozenset(
+    chr(code)
+    for first, last in (
+        (0x00AD, 0x00AD),
+        (0x034F, 0x034F),
+        (0x061C, 0x061C),
+        (0x115F, 0x1160),
+        (0x17B4, 0x17B5),
+        (0x180B, 0x180F),
+        (0x200B, 0x200F),
+        (0x202A, 0x202E),
+        (0x2060, 0x206F),
+        (0x2800, 0x2800),
+        (0x3164, 0x3164),
+        (0xFE00, 0xFE0F),
+        (0xFEFF, 0xFEFF),
+        (0xFFA0, 0xFFA0),
+        (0xFFF0, 0xFFF8),
+        (0x1BCA0, 0x1BCA3),
+        (0x1D173, 0x1D17A),
+        (0xE0000, 0xE0FFF),
+    )
+    for code in range(first, last + 1)
+)
+"""Unicode's default-ignorable code points, which render as nothing, and the braille
+blank, which renders as a space. Some are letters or marks (a Hangul filler, a variation
+selector, the combining grapheme joiner), so the categories alone would keep them."""
+
+
 def normalized(text: str) -> str:
     folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
-    return "".join(c for c in folded if unicodedata.category(c)[0] in _KEPT)
+    return "".join(c for c in folded if unicodedata.category(c)[0] in _KEPT and c not in _INVISIBLE)
 
 
 def windows(text: str) -> list[int]:
     """The windows of an already normalized ``text``, in order (one per start position).
     An ASCII window is its 8 bytes read as a number (exact); any other is the first 8 bytes
-    of its BLAKE2b digest (a collision can only make a value look tainted, never hide it)."""
+    of its BLAKE2b digest (a collision can only make a value look tainted, never hide it).
+    Each window is judged on its own characters, so an ASCII value inside a longer text
+    with other characters has the same windows as the value alone."""
     if text.isascii():
         data = text.encode()
         return [
             int.from_bytes(data[i : i + WINDOW], "big", signed=True)
             for i in range(len(data) - WINDOW + 1)
         ]
-    return [_hashed(text[i : i + WINDOW]) for i in range(len(text) - WINDOW + 1)]
+    return [_window(text[i : i + WINDOW]) for i in range(len(text) - WINDOW + 1)]
 
 
-def _hashed(window: str) -> int:
+def _window(window: str) -> int:
+    if window.isascii():
+        return int.from_bytes(window.encode(), "big", signed=True)
     digest = hashlib.blake2b(window.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
