@@ -91,6 +91,23 @@ async def test_a_call_without_an_approval_or_with_a_rejection_does_not_run_by_id
     assert await effects(providers) == 0
 
 
+async def test_a_call_whose_approval_expired_is_told_so_by_call_id_too(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    proposal, approval_id = await flow.approved_refund()
+    await db.execute(
+        "UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = $1", approval_id
+    )
+    expired = await by_call(flow, proposal["call_id"], new_key())
+    assert (expired.status_code, expired.json()["code"]) == (403, "approval_expired")
+    event = await db.fetchval(
+        "SELECT event FROM audit_events WHERE call_id = $1 AND code = 'approval_expired'",
+        proposal["call_id"],
+    )
+    assert event == "expired"
+    assert await effects(providers) == 0
+
+
 async def test_a_mutation_by_call_id_still_needs_its_key(flow: Flow, providers: Providers) -> None:
     proposal, _ = await flow.approved_refund()
     response = await by_call(flow, proposal["call_id"], None)

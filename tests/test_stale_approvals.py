@@ -10,6 +10,9 @@ from tests.conftest import Providers
 from tests.flows import BOB, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
+DEPLOYMENTS = "/deploy/deployments"
+DEVELOPER = {"sub": "dan", "roles": "developer"}
+RELEASE_MANAGER = {"sub": "rita", "roles": "release_manager"}
 
 
 async def refunds(providers: Providers) -> int:
@@ -136,3 +139,49 @@ async def test_a_recheck_the_provider_cannot_answer_runs_nothing(
     ran = await flow.execute("issue_refund", refund_args(), new_key(), approval_id=approval_id)
     assert ran.status_code == 200, ran.text
     assert await refunds(providers) == 1
+
+
+def deployment(version: str) -> dict[str, str]:
+    return {"service_id": "svc_web", "version": version, "tenant_id": "acme"}
+
+
+async def deployed(flow: Flow, version: str) -> None:
+    """``svc_web`` deployed at ``version``: proposed, previewed, approved and run."""
+    proposal = await flow.propose("deploy_service", deployment(version), DEVELOPER)
+    preview = await flow.dry_run(proposal["call_id"], DEVELOPER)
+    approval = await flow.approve(proposal["call_id"], preview["snapshot_hash"], RELEASE_MANAGER)
+    assert approval.status_code == 200, approval.text
+    done = await flow.post(
+        "/execute", {"call_id": proposal["call_id"]}, DEVELOPER, {"Idempotency-Key": new_key()}
+    )
+    assert done.json()["status"] == "succeeded", done.text
+
+
+async def test_an_approval_of_an_older_preview_never_runs_once_a_newer_one_reopened_the_call(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """Even when the world is back to what the approver saw, so that a recheck would pass:
+    the approval stands on the call's latest preview, whichever one the request names."""
+    proposal = await flow.propose("deploy_service", deployment("v1.5.0"), DEVELOPER)
+    first = await flow.dry_run(proposal["call_id"], DEVELOPER)  # v1.4.2 -> v1.5.0
+    approved = await flow.approve(proposal["call_id"], first["snapshot_hash"], RELEASE_MANAGER)
+    approval_id = approved.json()["approval_id"]
+    await deployed(flow, "v1.6.0")
+    second = await flow.dry_run(proposal["call_id"], DEVELOPER)  # v1.6.0 -> v1.5.0
+    assert second["snapshot_hash"] != first["snapshot_hash"]
+    await deployed(flow, "v1.4.2")  # as the approver saw it again
+    runs_before = (await providers.stats())["effects_by_path"][DEPLOYMENTS]
+    for named in ({"dry_run_id": first["dry_run_id"]}, {}):
+        refused = await flow.execute(
+            "deploy_service",
+            deployment("v1.5.0"),
+            new_key(),
+            DEVELOPER,
+            approval_id=approval_id,
+            **named,
+        )
+        assert (refused.status_code, refused.json()["code"]) == (409, "approval_mismatch")
+        assert refused.json()["mismatch"] == ["snapshot_hash"]
+    assert (await providers.stats())["effects_by_path"][DEPLOYMENTS] == runs_before
+    consumed = await db.fetchval("SELECT consumed_by FROM approvals WHERE id = $1", approval_id)
+    assert consumed is None

@@ -83,8 +83,10 @@ async def valid_approval(
     call_id: str | None,
     dry_run_id: str | None,
 ) -> ApprovalRow:
-    """The approval ``approval_id``, if it is approved, unexpired, unused and bound to this
-    request (and to ``call_id``, when the request names its call)."""
+    """The approval ``approval_id`` (or the call's, by ``call_id``), if it is approved,
+    unexpired, unused and bound to this request (and to ``call_id``, when the request names
+    its call). The preview it is held against is always its call's latest dry-run: a newer
+    preview reopened the call, so naming an older one (``dry_run_id``) is a mismatch."""
     call, principal = authorized.call, authorized.principal
     if approval_id is None and call_id is None:
         raise ApprovalRequired("this call is high impact and needs an approval_id")
@@ -94,9 +96,10 @@ async def valid_approval(
         else:
             assert call_id is not None
             approval = standing_approval(await approvals.standing(conn, call_id))
-        dry_run = await store.dry_run_for(
-            conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
-        )
+            if approval is None:  # none standing: its latest, expired, if any, says so
+                decided = await approvals.of_call(conn, call_id)
+                approval = decided[-1] if decided else None
+        dry_run = await store.latest_dry_run(conn, approval.call_id) if approval else None
     if approval is None or approval.tenant != principal.tenant:
         raise ApprovalRequired(
             "no approval of this call" if approval_id is None else "no such approval"
@@ -108,6 +111,9 @@ async def valid_approval(
     if approval.expires_at <= datetime.now(UTC):
         raise ApprovalExpired("the approval has expired")
     mismatch = approval.binding.differences(binding(authorized, dry_run))
+    older_preview = dry_run_id is not None and (dry_run is None or dry_run.id != dry_run_id)
+    if older_preview and "snapshot_hash" not in mismatch:
+        mismatch.append("snapshot_hash")
     if mismatch:
         raise ApprovalMismatch(
             "the approval was given for something else: " + ", ".join(mismatch),
