@@ -65,6 +65,39 @@ async def test_a_loop_past_max_calls_is_stopped_and_the_run_fails_recoverably(
     assert denied == 2
 
 
+async def test_running_one_call_again_and_again_counts_every_run_after_the_first(
+    flow: Flow, providers: Providers
+) -> None:
+    """Executing a proposed call is the call its proposal counted; running it once more (a
+    new key for a mutation) is another call, or one call id could loop past ``max_calls``."""
+    read_run = await start_run(flow, max_calls=2)
+    proposal = await propose(flow, read_run)
+    call_id = proposal.json()["call_id"]
+    for _ in range(2):  # the proposal's own execution (call 1), then one more (call 2)
+        ran = await flow.post("/execute", {"call_id": call_id})
+        assert ran.status_code == 200, ran.text
+    stopped = await flow.post("/execute", {"call_id": call_id})
+    assert (stopped.status_code, stopped.json()["code"]) == (429, "run_limit_exceeded")
+    assert (await run_state(flow, read_run))["status"] == "failed"
+
+    ticket_run = await start_run(flow, max_calls=2)
+    ticket = await flow.post(
+        "/propose",
+        {"tool": "create_ticket", "arguments": {"subject": "s", "body": "b"}, "run_id": ticket_run},
+    )
+    call_id = ticket.json()["call_id"]
+    keys = [new_key() for _ in range(3)]
+    answers = [
+        await flow.post("/execute", {"call_id": call_id}, headers={"Idempotency-Key": key})
+        for key in keys
+    ]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[2].json()["code"] == "run_limit_exceeded"
+    replay = await flow.post("/execute", {"call_id": call_id}, headers={"Idempotency-Key": keys[1]})
+    assert replay.json()["replayed"] is True  # a replay is not another call
+    assert (await providers.stats())["effects_by_path"].get("/support/tickets") == 2
+
+
 async def test_parallel_calls_never_overspend_max_calls(flow: Flow) -> None:
     run_id = await start_run(flow, max_calls=5)
     responses = await asyncio.gather(*(propose(flow, run_id) for _ in range(20)))

@@ -403,7 +403,10 @@ class Execution:
         new_call = existing is None and approval is None
         async with self.state.db.transaction() as conn:
             refusal = await recording.admit_to_run(
-                conn, authorized, new_call=new_call, cost=tool.cost
+                conn,
+                authorized,
+                new_call=approval is None and recording.counts_as_call(existing),
+                cost=tool.cost,
             )
             if refusal is not None:
                 await recording.write_denial(

@@ -14,7 +14,7 @@ from typing import Any
 from app import recordable, telemetry
 from app.audit.store import AuditEvent, append
 from app.calls import store
-from app.calls.models import Authorized, CallRow, Request
+from app.calls.models import STARTED, Authorized, CallRow, Request
 from app.calls.policy import Decision, PreparedCall
 from app.calls.results import mask_arguments
 from app.catalog.models import Tool
@@ -162,11 +162,18 @@ async def write_denial(
     telemetry.decided(request, call_id, error.code)
 
 
+def counts_as_call(existing: CallRow | None) -> bool:
+    """Whether an execute counts one more call against its run: always, unless it names an
+    earlier call that has not run yet (its proposal was counted). Running a call again is
+    another call, or re-executing one call id would loop past ``max_calls``."""
+    return existing is None or existing.state in STARTED
+
+
 async def admit_to_run(
     conn: Connection, authorized: Authorized, *, new_call: bool, cost: float
 ) -> ToolgateError | None:
-    """Count this call (and charge ``cost``) against its run, if it has one; the 429 to
-    record and answer otherwise."""
+    """Count this call, if ``new_call``, and charge ``cost`` against its run, if it has one;
+    the 429 to record and answer otherwise."""
     if authorized.run_id is None:
         return None
     return await runs.admit(

@@ -38,6 +38,7 @@ from app.calls.recording import (
     audit_event,
     authorized_by,
     call_row,
+    counts_as_call,
     record_run_outcome,
     write_denial,
 )
@@ -165,7 +166,7 @@ async def _read(
     if request.run_id is not None:
         async with state.db.transaction() as conn:
             refusal = await admit_to_run(
-                conn, authorized, new_call=existing is None, cost=tool.cost
+                conn, authorized, new_call=counts_as_call(existing), cost=tool.cost
             )
             if refusal is not None:
                 await write_denial(
