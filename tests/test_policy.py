@@ -237,3 +237,31 @@ def test_null_for_an_optional_argument_is_absent_and_gets_its_default(catalog: C
 def test_null_for_a_required_argument_is_still_invalid(catalog: Catalog) -> None:
     with pytest.raises(InvalidArguments):
         refund(catalog, amount=None)
+
+
+@pytest.mark.parametrize(
+    "roles",
+    [
+        set(),
+        {"support"},
+        {"finance_approver"},
+        {"support_lead"},
+        {"finance_approver", "support_lead"},
+    ],
+)
+def test_the_inbox_reads_by_tool_exactly_what_may_approve_allows(
+    catalog: Catalog, roles: set[str]
+) -> None:
+    """The inbox's query keeps calls by tool and actor (``decidable``); /approve judges each
+    call (``may_approve``): they must agree on every tool, for the actor and anyone else."""
+    approver = Principal("bob", "acme", frozenset(roles))
+    decidable = policy.decidable(approver, catalog.tools)
+    assert decidable.approver == "bob"
+    for name, tool in catalog.tools.items():
+        approvers = tool.approval.approvers if tool.approval else None
+        for actor, listed in (("bob", decidable.own), ("alice", decidable.others)):
+            allowed = approvers is not None and policy.may_approve(
+                approver, actor, "acme", approvers
+            )
+            assert (name in listed) == allowed, (name, actor)
+    assert decidable.own == ["issue_refund"], "owner lets anyone decide their own refunds"

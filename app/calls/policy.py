@@ -398,6 +398,31 @@ def may_approve(approver: Principal, actor: str, tenant: str, approvers: list[st
         return False
     if approver.sub == actor:
         return "owner" in approvers
+    return _admits_role(approver, approvers)
+
+
+def _admits_role(approver: Principal, approvers: list[str]) -> bool:
     return any(
         entry.startswith("role:") and entry[len("role:") :] in approver.roles for entry in approvers
+    )
+
+
+class Decidable(NamedTuple):
+    """The calls of their tenant ``approver`` may decide, by tool: calls of a tool in
+    ``others`` made by anyone else, and calls of a tool in ``own`` made by ``approver``."""
+
+    approver: str
+    others: list[str]
+    own: list[str]
+
+
+def decidable(approver: Principal, tools: Mapping[str, Tool]) -> Decidable:
+    """``may_approve`` over a catalog, for a query that reads only what the approver may decide
+    (the inbox): within the approver's tenant it depends on the call's tool and on whether
+    the approver is its actor, nothing else."""
+    approvals = {name: tool.approval.approvers for name, tool in tools.items() if tool.approval}
+    return Decidable(
+        approver.sub,
+        others=[name for name, approvers in approvals.items() if _admits_role(approver, approvers)],
+        own=[name for name, approvers in approvals.items() if "owner" in approvers],
     )
