@@ -218,20 +218,24 @@ async def inbox(
 ) -> dict[str, Any]:
     """Requests this principal may decide, in their tenant, newest first. A pending request
     also carries its sensitive values unmasked (``sensitive_arguments``): the approver must
-    see what they approve; ``arguments`` stays masked, as in every listing."""
+    see what they approve; ``arguments`` stays masked, as in every listing.
+
+    The query keeps only what the principal may decide (``policy.decidable``), so a page holds
+    up to ``PAGE_SIZE`` of their requests, and its cursor is the last request it shows, present
+    when the page is full: it never names a call the caller may not see."""
     before = None
     if cursor:
         stamp, call_id = cursors.decode(cursor, 2)
         before = (cursors.instant(stamp), call_id)
+    catalog = state.catalog
+    decidable = policy.decidable(principal, catalog.tools)
+    if not decidable.others and not decidable.own:
+        return {"items": [], "next_cursor": None}
     async with state.db.connection() as conn:
-        rows = await store.inbox(conn, principal.tenant, status, before, PAGE_SIZE)
+        rows = await store.inbox(conn, principal.tenant, decidable, status, before, PAGE_SIZE)
     items = []
     for row in rows:
-        tool = state.catalog.tools.get(row.tool)
-        if tool is None or tool.approval is None:
-            continue
-        if not policy.may_approve(principal, row.actor, row.tenant, tool.approval.approvers):
-            continue
+        tool = catalog.tools[row.tool]
         item = {
             "call_id": row.call_id,
             "tool": row.tool,

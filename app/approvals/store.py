@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from app.approvals.models import ApprovalRow, InboxRow
+from app.calls.policy import Decidable
 from app.db import Connection, Insert
 
 _INSERT = Insert.of("approvals", ApprovalRow._fields, ["created_at"])
@@ -77,13 +78,20 @@ _LATEST_DRY_RUN = """
 """
 
 
+_DECIDABLE = "((tool = ANY($6::text[]) AND actor <> $5) OR (tool = ANY($7::text[]) AND actor = $5))"
+"""The calls the approver may decide (``policy.Decidable``: $5 the approver, $6 the tools of
+which they may decide others' calls, $7 those of which they may decide their own). A call
+and its approvals carry the same ``tool`` and ``actor``. Filtered here, before a page is cut,
+so that a page is filled with what the approver may decide and ends on one of them."""
+
+
 def _decided(status: str, condition: str) -> str:
-    """A page of the tenant's standing decisions that meet ``condition``, newest first,
-    through the partial index of their kind (migration 0014)."""
+    """A page of the tenant's standing decisions that meet ``condition`` and that the approver
+    may decide, newest first, through the partial index of their kind (migration 0014)."""
     return f"""(
         SELECT call_id, snapshot_hash, created_at, expires_at, '{status}' AS status
         FROM approvals
-        WHERE tenant = $1 AND latest AND {condition}
+        WHERE tenant = $1 AND latest AND {condition} AND {_DECIDABLE}
           AND (created_at, call_id) < (coalesce($2::timestamptz, 'infinity'), $3)
         ORDER BY created_at DESC, call_id DESC LIMIT $4
     )"""
@@ -108,6 +116,7 @@ _INBOX = {
                c.pending_until AS expires_at
         FROM calls c {_LATEST_DRY_RUN}
         WHERE c.tenant = $1 AND c.state = 'awaiting_approval' AND c.pending_until > now()
+          AND {_DECIDABLE}
     """,
     **{
         status: f"""
@@ -122,9 +131,15 @@ _INBOX = {
 
 
 async def inbox(
-    conn: Connection, tenant: str, status: str, before: tuple[datetime, str] | None, limit: int
+    conn: Connection,
+    tenant: str,
+    decidable: Decidable,
+    status: str,
+    before: tuple[datetime, str] | None,
+    limit: int,
 ) -> list[InboxRow]:
-    """One page of the tenant's approval requests in ``status``, newest first."""
+    """One page of the tenant's approval requests in ``status`` that ``decidable`` admits,
+    newest first."""
     rows = await conn.fetch(
         f"""
         SELECT id, tool, actor, tenant, target_type, target_id, arguments, impact, snapshot,
@@ -137,6 +152,9 @@ async def inbox(
         before[0] if before else None,
         before[1] if before else "",
         limit,
+        decidable.approver,
+        decidable.others,
+        decidable.own,
     )
     return [InboxRow(*r) for r in rows]
 
