@@ -186,6 +186,40 @@ async def test_malformed_queries_are_invalid_requests(
     assert response.json()["code"] == "invalid_request"
 
 
+@pytest.mark.usefixtures("trail")
+@pytest.mark.parametrize("path", ["/audit", "/audit/export"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"since": "0001-01-01T00:00:00+00:01"},
+        {"since": "0001-01-01T00:00:00+23:59"},
+        {"until": "9999-12-31T23:59:59-00:01"},
+        {"until": "9999-12-31T23:59:59.999999-23:59"},
+    ],
+)
+async def test_a_time_whose_offset_leaves_the_years_1_to_9999_is_an_invalid_request(
+    client: httpx.AsyncClient, auth: Auth, path: str, params: dict[str, str]
+) -> None:
+    """Well formed, but its UTC instant is before year 1 or after 9999: nothing can hold it."""
+    response = await client.get(path, params=params, headers=admin(auth))
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == "invalid_request"
+    assert response.json()["detail"] == f"{next(iter(params))} is not a valid date-time"
+
+
+@pytest.mark.usefixtures("trail")
+async def test_the_first_and_last_instants_a_date_time_can_hold_are_valid_bounds(
+    client: httpx.AsyncClient, auth: Auth
+) -> None:
+    everything = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert await seqs(client, admin(auth), since="0001-01-01T00:00:00-00:01") == everything
+    assert await seqs(client, admin(auth), since="0001-01-01T00:00:00Z") == everything
+    assert await seqs(client, admin(auth), until="9999-12-31T23:59:59.999999Z") == everything
+    assert await seqs(client, admin(auth), until="9999-12-31T23:59:59+23:59") == everything
+    assert await seqs(client, admin(auth), until="0001-01-01T00:00:00+00:00") == []
+
+
 async def test_items_carry_every_audit_field(
     client: httpx.AsyncClient, auth: Auth, trail: datetime
 ) -> None:

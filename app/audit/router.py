@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -22,13 +22,15 @@ _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|
 
 
 def _instant(name: str, value: str | None) -> datetime | None:
+    """The query's date-time as a UTC instant. Its offset may carry a date of year 1 or 9999
+    out of what a datetime (and so the database facade) can hold: that is bad input too."""
     if value is None:
         return None
     if not _RFC3339.fullmatch(value):
         raise InvalidRequest(f"{name} must be an RFC 3339 date-time with an offset")
     try:
-        return datetime.fromisoformat(value.upper())
-    except ValueError:
+        return datetime.fromisoformat(value.upper()).astimezone(UTC)
+    except (ValueError, OverflowError):
         raise InvalidRequest(f"{name} is not a valid date-time") from None
 
 
