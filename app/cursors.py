@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime
+from datetime import UTC, datetime
 
 import orjson
 
@@ -51,14 +51,19 @@ def _value(value: object) -> str:
 
 
 def instant(text: str) -> datetime:
-    """A cursor's timestamp, with its offset."""
+    """A cursor's timestamp, which must carry an offset, as a UTC instant: an offset that
+    moves it out of the years 1 to 9999 (``0001-01-01T00:00:00+23:59``) was never written
+    by ``encode`` either."""
     try:
         stamp = datetime.fromisoformat(text)
     except ValueError:
         raise malformed() from None
     if stamp.tzinfo is None:
         raise malformed()
-    return stamp
+    try:
+        return stamp.astimezone(UTC)
+    except OverflowError:
+        raise malformed() from None
 
 
 def malformed() -> ToolgateError:

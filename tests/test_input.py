@@ -300,6 +300,9 @@ MALFORMED_INBOX_CURSORS = {
     "an_id_that_is_a_number": cursor('["2026-01-01T00:00:00+00:00", 5.5]'),
     "a_nul_in_the_id": cursor('["2026-01-01T00:00:00+00:00", "a\\u0000"]'),
     "three_values": cursor('["2026-01-01T00:00:00+00:00", "call_x", "y"]'),
+    "a_timestamp_before_year_1_in_utc": cursor('["0001-01-01T00:00:00+23:59", "c"]'),
+    "a_timestamp_after_year_9999_in_utc": cursor('["9999-12-31T23:59:59-23:59", "c"]'),
+    "a_minute_before_year_1_in_utc": cursor('["0001-01-01T00:00:00+00:01", "call_x"]'),
 }
 
 
