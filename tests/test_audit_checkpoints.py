@@ -288,12 +288,48 @@ async def test_a_forged_checkpoint_line_fails_verification(setup: Setup) -> None
     assert "is not signed by key" in result.stdout
 
 
-async def test_a_malformed_checkpoint_file_is_refused_clearly(setup: Setup) -> None:
-    setup.published.write_text('{"chain_pos": "three"}\n')
+CHECKPOINT = {
+    "chain_pos": 1,
+    "hash": "sha256:" + "0" * 64,
+    "sealed_through": 1,
+    "at": "2026-01-01T00:00:00.000000Z",
+    "key_id": None,
+    "signature": None,
+}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"chain_pos": "three"}',
+        json.dumps({**CHECKPOINT, "chain_pos": 2**63}),
+        json.dumps({**CHECKPOINT, "chain_pos": 2**64 - 1}),
+        json.dumps({**CHECKPOINT, "chain_pos": 2**70}),
+        json.dumps({**CHECKPOINT, "chain_pos": -1}),
+        json.dumps({**CHECKPOINT, "chain_pos": 1.0}),
+        json.dumps({**CHECKPOINT, "chain_pos": True}),
+        json.dumps({**CHECKPOINT, "sealed_through": 2**63}),
+    ],
+    ids=[
+        "text",
+        "2**63",
+        "2**64-1",
+        "2**70",
+        "negative",
+        "a_float",
+        "a_bool",
+        "sealed_through_2**63",
+    ],
+)
+async def test_a_malformed_checkpoint_file_is_refused_clearly(setup: Setup, line: str) -> None:
+    """Exit 2 (cannot check), never 1 (broken) from a query the file's numbers failed."""
+    await insert(setup.conn, 1)
+    setup.published.write_text(json.dumps(CHECKPOINT) + "\n" + line + "\n")
     result = await audit_verify(setup)
-    assert result.returncode == 2
-    assert "line 1: not a checkpoint" in result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "line 2: not a checkpoint" in result.stderr
     assert "Traceback" not in result.stderr
+    assert await unsealed(setup.conn) == 1  # refused before anything was done
 
 
 async def test_the_sealer_refuses_to_extend_a_head_it_did_not_sign(

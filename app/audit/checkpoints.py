@@ -202,6 +202,10 @@ def record(checkpoint: Checkpoint) -> bytes:
 
 
 _FIELDS = ("chain_pos", "hash", "sealed_through", "at", "key_id", "signature")
+MAX_POSITION = 2**63 - 1
+"""The largest chain position or seq the database holds (``bigint``): a checkpoint's numbers
+beyond it (or below 0) were never written by a sealer, and would fail the query that looks
+the position up rather than be reported as a file that is not a checkpoint."""
 
 
 def read(path: Path) -> list[Exported]:
@@ -224,8 +228,10 @@ def _parsed(fields: Mapping[str, object]) -> Checkpoint:
     chain_pos, hash_, sealed_through, at, key_id, signature = (fields.get(n) for n in _FIELDS)
     if (
         type(chain_pos) is int
+        and 0 <= chain_pos <= MAX_POSITION
         and isinstance(hash_, str)
         and type(sealed_through) is int
+        and 0 <= sealed_through <= MAX_POSITION
         and isinstance(at, str)
         and isinstance(key_id, str | None)
         and isinstance(signature, str | None)
