@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app.audit import sealer
+from app.audit import sealer, service
 from app.audit.chain import GENESIS, row_hash
 from app.audit.models import AuditRow
 from app.audit.service import verify
@@ -177,6 +177,60 @@ async def test_a_row_edited_directly_in_sql_is_named_by_verify(
     assert report["checked"] == 2
 
 
+FORGE_UNDER_SEQ = """
+    INSERT INTO audit_events (seq, at, event, call_id, tenant, actor, tool, decision, reason,
+        approval_id, authorized_by)
+    SELECT seq, at + $2::text::interval, 'approved', call_id,
+        tenant, 'mallory', tool, 'allow', 'approved by phone', 'apr_forged',
+        '{"sub": "mallory"}'
+    FROM audit_events WHERE seq = $1
+"""
+"""A second row under a sealed ``seq``, at another time (``$2`` from the row it doubles):
+a plain INSERT (no trigger to go around), which the primary key ``(seq, at)`` lets in."""
+EARLIER, LATER = "-1 millisecond", "1 millisecond"
+
+
+async def test_a_row_added_under_a_sealed_seq_is_named_by_verify(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection
+) -> None:
+    await insert(db, 5)
+    await wait_until_sealed(db, 5)
+    await db.execute(FORGE_UNDER_SEQ, 3, EARLIER)
+    assert await db.fetchval("SELECT count(*) FROM audit_events WHERE seq = 3") == 2
+    await asyncio.sleep(3 * sealer.EVERY_S)  # the app's sealer has had its passes
+    assert await unsealed(db) == 1, "nothing seals it: the chain is past seq 3"
+    report = (await client.get("/audit/verify", headers=auth("audrey", "acme", "auditor"))).json()
+    assert report["ok"] is False
+    assert report["first_broken"]["seq"] == 3
+    assert "neither sealed nor inside a recorded gap" in report["first_broken"]["reason"]
+    assert (report["checked"], report["sealed_through"]) == (5, 5)
+
+
+@pytest.mark.parametrize("offset", [EARLIER, LATER])
+@pytest.mark.parametrize("forged", [[1], [2], [2, 5], [4, 5]])
+async def test_rows_under_sealed_seqs_are_counted_across_verify_pages(
+    db: asyncpg.Connection,
+    database: Database,
+    monkeypatch: pytest.MonkeyPatch,
+    forged: list[int],
+    offset: str,
+) -> None:
+    """Pages of 2 rows: a forged row may fall either side of a page's end, before or after
+    the row it doubles."""
+    monkeypatch.setattr(service, "VERIFY_PAGE", 2)
+    await insert(db, 5)
+    await sealer.seal_all(database)
+    assert (await verify(database)).ok is True
+    for seq in forged:
+        await db.execute(FORGE_UNDER_SEQ, seq, offset)
+    assert await sealer.seal_all(database) == 0
+    report = await verify(database)
+    assert report.ok is False
+    assert report.first_broken is not None
+    assert report.first_broken.seq == forged[0]
+    assert report.first_broken.reason.startswith(f"{len(forged)} rows up to seq 5 ")
+
+
 async def test_a_sealed_row_rehashed_by_hand_breaks_the_link_to_the_next(
     db: asyncpg.Connection, database: Database
 ) -> None:
@@ -311,6 +365,8 @@ async def test_a_skipped_seq_that_commits_late_joins_the_end_of_the_chain(
         await transaction.commit()
     finally:
         await slow.close()
+    waiting = await verify(database)  # a late row inside a gap waits; nothing was added
+    assert (waiting.ok, waiting.first_broken, waiting.unsealed) == (True, None, 1)
     await sealer.seal_all(database, grace_s=0)
     assert await chain_order(db) == [2, 3, 1]
     report = await verify(database)

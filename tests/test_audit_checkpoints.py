@@ -23,7 +23,15 @@ from app.audit.service import verify
 from app.db import Database
 from app.settings import Settings
 from tests.conftest import cli
-from tests.test_audit_chain import AUDIT_ROWS, connect, insert, unsealed, wait_until_sealed
+from tests.test_audit_chain import (
+    AUDIT_ROWS,
+    FORGE_UNDER_SEQ,
+    LATER,
+    connect,
+    insert,
+    unsealed,
+    wait_until_sealed,
+)
 
 
 @dataclass
@@ -431,6 +439,21 @@ async def test_a_stray_seal_inside_the_chain_fails_verify(
     report = await verify(setup.database)
     assert report.first_broken is not None
     assert "not in the chain" in report.first_broken.reason
+
+
+async def test_a_row_added_under_a_sealed_seq_fails_verify_against_the_checkpoints(
+    setup: Setup,
+) -> None:
+    """Signed head, published checkpoints, every hash intact: the added row is none of
+    them, and ``toolgate audit verify`` names it all the same."""
+    await seal_and_publish(setup, [3])
+    await setup.conn.execute(FORGE_UNDER_SEQ, 2, LATER)
+    assert await unsealed(setup.conn) == 1
+    result = await audit_verify(setup)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "neither sealed nor inside a recorded gap" in result.stdout
+    assert "Traceback" not in result.stderr
+    assert await unsealed(setup.conn) == 1, "its verify's sealing pass did not take it in"
 
 
 async def test_without_a_key_the_sealer_warns_that_checkpoints_are_unsigned(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from app.audit.models import AuditRow, Broken, ChainHead, Gap, Seal
+from app.audit.models import AuditRow, Broken, ChainHead, Gap, Seal, Unchained
 from app.canonical import SAFE_INTEGER, digest
 
 GENESIS = "sha256:" + "0" * 64
@@ -295,3 +295,17 @@ def check_accounts(head: ChainHead | None, beyond: int, uncovered: int) -> Broke
         reason = f"{uncovered} seqs up to {through} are neither sealed nor recorded as skipped"
         return Broken(None, end, reason)
     return None
+
+
+def check_unchained(head: ChainHead | None, unchained: Unchained | None) -> Broken | None:
+    """Every row up to ``sealed_through`` is in the chain or inside a recorded gap: one the
+    chain passed by (``unchained``, None when not counted) was added behind its back."""
+    if unchained is None or not unchained.count:
+        return None
+    through = head.sealed_through if head else 0
+    reason = (
+        f"{unchained.count} rows up to seq {through} are neither sealed nor inside a recorded "
+        "gap: added under a seq the chain had already passed (a seq another row holds, or "
+        "one retention removed)"
+    )
+    return Broken(unchained.first, head.chain_pos if head else 0, reason)

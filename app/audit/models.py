@@ -156,6 +156,18 @@ class Gap:
 
 
 @dataclass(frozen=True)
+class Unchained:
+    """Rows up to ``sealed_through`` that are neither sealed nor inside a recorded gap, as far
+    as a walk in seq order has read (a page of it, or all of it)."""
+
+    last: tuple[int, datetime] | None
+    """The ``(seq, at)`` of the last row read; None when no row was left."""
+    count: int
+    first: int | None
+    """The lowest seq of those rows."""
+
+
+@dataclass(frozen=True)
 class Broken:
     """The first row where the chain does not hold; ``seq`` is None when rows are missing
     from the end of the chain."""

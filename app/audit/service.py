@@ -20,7 +20,7 @@ import orjson
 from app import cursors, load
 from app.audit import archive, chain, checkpoints, sealer, store
 from app.audit.checkpoints import Exported, PublicKey, SigningKey
-from app.audit.models import Anchor, AuditFilter, AuditRow, VerifyReport
+from app.audit.models import Anchor, AuditFilter, AuditRow, Unchained, VerifyReport
 from app.auth.principal import Principal
 from app.db import Connection, Database, Lock
 from app.errors import Forbidden, InvalidRequest
@@ -173,7 +173,9 @@ async def verify(
     the first thing that does not hold: a broken row, a chain cut short, a head not signed
     by ``public``'s key, sealed and skipped seqs that do not add up, or a published
     checkpoint (``exported``) the chain no longer matches. Rows left unsealed for
-    ``STALL_S`` make it not ok too: sealing has stopped. With ``archive_dir``, the archive
+    ``STALL_S`` make it not ok too: sealing has stopped. So does a row the chain passed by
+    without sealing it (``store.unchained``: a second row under a sealed seq, say), which
+    no seal, gap or unsealed count otherwise accounts for. With ``archive_dir``, the archive
     files of removed months are recomputed too (``archive.check``), up to the anchor, and
     published checkpoints of archived positions are compared with them instead of being
     passed over."""
@@ -193,6 +195,7 @@ async def verify(
             )
             archives = await store.archives(conn) if archive_dir is not None else []
         walk, surplus, counted = await _walk(conn, turns, anchor, end, through)
+        unchained = await _unchained(conn, turns, through) if walk.broken is None else None
         # Sealed and skipped seqs add up when no seal lies outside the chain, no position
         # holds two, and every seq up to ``sealed_through`` is sealed, skipped, or removed
         # by retention.
@@ -215,6 +218,7 @@ async def verify(
         or chain.check_end(walk, head)
         or checkpoints.head_problem(current, public)
         or chain.check_accounts(head, beyond, uncovered)
+        or chain.check_unchained(head, unchained)
         or checkpoints.compare(exported, head, hashes, public)
     )
     return VerifyReport(
@@ -263,6 +267,22 @@ async def _walk(
             if walk.broken is not None:
                 break
     return walk, surplus, counted
+
+
+async def _unchained(conn: Connection, turns: Turns, through: int) -> Unchained:
+    """Every row up to seq ``through`` read a page per statement, in seq order: how many of
+    them the chain does not hold though it passed their seq, and the first one. Rows up to
+    ``through`` never change except by such an insert, so, like ``_walk``, this needs no
+    snapshot, and it keeps only two counts."""
+    count, first, after = 0, None, None
+    while True:
+        async with turns.step():
+            page = await store.unchained(conn, after, through, VERIFY_PAGE)
+        count += page.count
+        first = page.first if first is None else first
+        if page.last is None:
+            return Unchained(after, count, first)
+        after = page.last
 
 
 async def seal_and_verify(

@@ -19,6 +19,7 @@ from app.audit.models import (
     Checkpoint,
     Gap,
     Seal,
+    Unchained,
 )
 from app.db import Connection, Insert, Record
 
@@ -306,6 +307,41 @@ async def sealed_outside_gaps(
         through_pos,
     )
     return int(row[0]), int(row[1])
+
+
+async def unchained(
+    conn: Connection, after: tuple[int, datetime] | None, sealed_through: int, limit: int
+) -> Unchained:
+    """The next ``limit`` rows after ``after`` (a ``(seq, at)`` read last; ``None`` to start)
+    up to seq ``sealed_through``, in ``(seq, at)`` order, and those of them that have no
+    seal and lie outside every recorded gap. The chain passed each such seq by sealing it,
+    so a row like that was added under a seq another row holds (``seq`` is unique only with
+    ``at``: the table is partitioned by time) or under one retention removed; it is neither
+    in the chain nor waiting for the sealer, which reads only above ``sealed_through`` and
+    inside gaps. Pages follow the primary key, so rows sharing a seq never straddle a page
+    unread: one page of each month's index, one seal looked up per row."""
+    row = await conn.fetchrow(
+        """
+        SELECT (array_agg(e.seq ORDER BY e.seq DESC, e.at DESC))[1],
+               (array_agg(e.at ORDER BY e.seq DESC, e.at DESC))[1],
+               count(*) FILTER (WHERE unchained), min(seq) FILTER (WHERE unchained)
+        FROM (SELECT e.seq, e.at, NOT EXISTS (
+                    SELECT 1 FROM audit_seals s WHERE s.seq = e.seq AND s.at = e.at)
+                AND NOT EXISTS (
+                    SELECT 1 FROM audit_gaps g WHERE e.seq BETWEEN g.first_seq AND g.last_seq)
+                AS unchained
+            FROM (SELECT seq, at FROM audit_events
+                WHERE ($1::bigint IS NULL OR (seq, at) > ($1, $2::timestamptz)) AND seq <= $3
+                ORDER BY seq, at LIMIT $4) e
+            OFFSET 0) e
+        """,
+        after[0] if after else None,
+        after[1] if after else None,
+        sealed_through,
+        limit,
+    )
+    last = (row[0], row[1]) if row[0] is not None else None
+    return Unchained(last, int(row[2]), row[3])
 
 
 async def gap_seqs(conn: Connection, sealed_through: int) -> int:
