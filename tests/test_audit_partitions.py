@@ -310,7 +310,7 @@ async def test_a_database_with_sealed_rows_migrates_from_0014_and_its_chain_stil
 
             applied = await migrate(url)
 
-            assert applied == ["0015_audit_seals", "0016_audit_partitions"]
+            assert applied == ["0015_audit_seals", "0016_audit_partitions", "0017_decided_by_tool"]
             assert named(A) | named(THIS_MONTH.date()) <= await partitions(conn)
             assert await conn.fetchval("SELECT count(*) FROM audit_seals") == 3
             db = Database(url)

@@ -84,25 +84,48 @@ which they may decide others' calls, $7 those of which they may decide their own
 and its approvals carry the same ``tool`` and ``actor``. Filtered here, before a page is cut,
 so that a page is filled with what the approver may decide and ends on one of them."""
 
+_BEFORE = "(created_at, call_id) < (coalesce($2::timestamptz, 'infinity'), $3)"
+"""Before the cursor ($2, $3), in the inbox's order."""
 
-def _decided(status: str, condition: str) -> str:
-    """A page of the tenant's standing decisions that meet ``condition`` and that the approver
-    may decide, newest first, through the partial index of their kind (migration 0014)."""
+
+def _per_tool(tools: str, whose: str, kind: str) -> str:
+    """For each tool in the array ``tools``, a page of the tenant's standing decisions of
+    ``kind`` on calls ``whose`` admits, newest first, through the kind's index by tool or by
+    actor (migration 0017): each reads at most a page, however rare the tool is."""
+    return f"""
+        SELECT p.* FROM unnest({tools}::text[]) AS t(tool), LATERAL (
+            SELECT call_id, snapshot_hash, created_at, expires_at FROM approvals
+            WHERE tenant = $1 AND tool = t.tool AND {whose} AND latest AND {kind}
+              AND {_BEFORE}
+            ORDER BY created_at DESC, call_id DESC LIMIT $4
+        ) p
+    """
+
+
+def _decided(status: str, kind: str) -> str:
+    """A page of the tenant's standing decisions of ``kind`` that the approver may decide
+    (``_DECIDABLE``, one tool at a time), newest first: the pages per tool merged. Others'
+    calls of a tool are read by tool, skipping only the approver's own calls of it."""
     return f"""(
         SELECT call_id, snapshot_hash, created_at, expires_at, '{status}' AS status
-        FROM approvals
-        WHERE tenant = $1 AND latest AND {condition} AND {_DECIDABLE}
-          AND (created_at, call_id) < (coalesce($2::timestamptz, 'infinity'), $3)
+        FROM ({_per_tool("$6", "actor <> $5", kind)}
+              UNION ALL {_per_tool("$7", "actor = $5", kind)}) mine
         ORDER BY created_at DESC, call_id DESC LIMIT $4
     )"""
 
 
 _UNUSED = "decision = 'approve' AND consumed_by IS NULL"
+_LIVE = f"""(
+    SELECT call_id, snapshot_hash, created_at, expires_at, 'approved' AS status
+    FROM approvals
+    WHERE tenant = $1 AND latest AND {_UNUSED} AND expires_at > now() AND {_DECIDABLE}
+      AND {_BEFORE}
+    ORDER BY created_at DESC, call_id DESC LIMIT $4
+)"""
+"""A page of the unused approvals still live that the approver may decide, read by expiry
+(``approvals_live``): only those inside their window, as for pending calls."""
 _DECIDED = {
-    "approved": [
-        _decided("approved", "decision = 'approve' AND consumed_by IS NOT NULL"),
-        _decided("approved", f"{_UNUSED} AND expires_at > now()"),
-    ],
+    "approved": [_decided("approved", "decision = 'approve' AND consumed_by IS NOT NULL"), _LIVE],
     "rejected": [_decided("rejected", "decision = 'reject'")],
     "expired": [_decided("expired", f"{_UNUSED} AND expires_at <= now()")],
 }
