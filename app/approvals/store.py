@@ -62,10 +62,13 @@ async def consume(conn: Connection, approval_id: str, operation_id: str) -> bool
     return bool(status.endswith(" 1"))
 
 
-async def release(conn: Connection, operation_id: str) -> None:
-    """Give the approval back when its execution certainly never reached the provider."""
+async def release(conn: Connection, approval_id: str, operation_id: str) -> None:
+    """Give the approval back when its execution certainly never reached the provider (by
+    its id: nothing indexes ``consumed_by``)."""
     await conn.execute(
-        "UPDATE approvals SET consumed_by = NULL, consumed_at = NULL WHERE consumed_by = $1",
+        "UPDATE approvals SET consumed_by = NULL, consumed_at = NULL"
+        " WHERE id = $1 AND consumed_by = $2",
+        approval_id,
         operation_id,
     )
 

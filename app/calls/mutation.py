@@ -501,7 +501,8 @@ class Execution:
         authorized = self.authorized
         async with self.state.db.transaction() as conn:
             await store.release(conn, record.operation_id)
-            await approvals.release(conn, record.operation_id)
+            if record.approval_id is not None:
+                await approvals.release(conn, record.approval_id, record.operation_id)
             if authorized.run_id is not None:
                 await runs.refund(conn, authorized.run_id, authorized.tool.cost)
             await store.set_state(
