@@ -4,6 +4,7 @@ between the instances, so no step may rely on state kept in a process."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,7 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import LATEST_MODERN_VERSION
 
 from tests.conftest import Providers
-from tests.flows import Auth, Flow, refund_args
+from tests.flows import Auth, Flow, new_key, refund_args
 from tests.test_instances import Instance, two_instances
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -289,3 +290,131 @@ async def test_a_client_of_the_handshake_revision_is_served_without_elicitation(
     assert structured(read)["result"]["id"] == "ord_2"
     assert structured(refund)["status"] == "awaiting_approval"
     assert await effects(providers, REFUNDS) == 0
+
+
+async def post_call(
+    server: Instance,
+    auth: Auth,
+    request_id: int,
+    tool: str,
+    arguments: dict[str, Any],
+    **params: Any,
+) -> dict[str, Any]:
+    """One current-revision ``tools/call`` by hand; its ``result``. ``params`` join the
+    request's params (``requestState``) or, as ``meta``, its ``_meta`` (``run_id``)."""
+    body = envelope(request_id, tool, arguments)
+    body["params"]["_meta"].update(params.pop("meta", {}))
+    body["params"].update(params)
+    headers = {
+        **auth(),
+        "MCP-Protocol-Version": LATEST_MODERN_VERSION,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": tool,
+        "Accept": "application/json, text/event-stream",
+    }
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        answer = await http.post("/mcp", json=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["result"]  # type: ignore[no-any-return]
+
+
+async def test_identical_calls_sent_at_once_open_one_request_for_approvers(
+    servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
+) -> None:
+    args = {"customer_id": "cus_dave", "email": "dup@acme.example"}
+    results = await asyncio.gather(
+        *(
+            post_call(servers[n % 2], auth, 1400 + n, "update_customer_email", args)
+            for n in range(4)
+        )
+    )
+    answers = [r["structuredContent"] for r in results]
+    waiting = {a["call_id"] for a in answers if a.get("status") == "awaiting_approval"}
+    assert len(waiting) == 1, answers
+    assert all(
+        a.get("status") == "awaiting_approval" or a.get("code") == "idempotency_in_flight"
+        for a in answers
+    ), answers
+    assert await db.fetchval("SELECT count(*) FROM calls") == 1
+    again = await post_call(servers[0], auth, 1500, "update_customer_email", args)
+    assert again["structuredContent"]["call_id"] in waiting
+    assert await effects(providers, "/crm/customers/cus_dave") == 0
+
+
+async def test_a_call_approved_outside_a_run_is_not_run_on_the_runs_account(
+    servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
+) -> None:
+    args = refund_args(130.0)
+    outside = (await post_call(servers[0], auth, 1, "issue_refund", args))["structuredContent"]
+    async with httpx.AsyncClient(base_url=servers[1].url) as rest:
+        flow = Flow(rest, auth)
+        inbox = await rest.get("/approvals", headers=auth(sub="bob", roles="finance_approver"))
+        snapshot = inbox.json()["items"][0]["snapshot_hash"]
+        assert (await flow.approve(outside["call_id"], snapshot)).status_code == 200
+        run = await flow.post("/runs", {"limits": {"max_calls": 5, "max_cost": 0.5}})
+        run_id = run.json()["run_id"]
+    inside = await post_call(servers[1], auth, 2, "issue_refund", args, meta={"run_id": run_id})
+    answer = inside["structuredContent"]
+    assert answer["status"] == "awaiting_approval", answer  # a call of its own, in the run
+    assert answer["call_id"] != outside["call_id"]
+    assert await db.fetchval("SELECT run_id FROM calls WHERE id = $1", answer["call_id"]) == run_id
+    assert await effects(providers, REFUNDS) == 0
+
+
+async def test_a_stale_approval_is_previewed_again_and_put_back_to_the_approvers(
+    servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
+) -> None:
+    args = refund_args(150.0)
+    first = (await post_call(servers[0], auth, 1, "issue_refund", args))["structuredContent"]
+    bob = auth(sub="bob", roles="finance_approver")
+    async with httpx.AsyncClient(base_url=servers[1].url) as rest:
+        flow = Flow(rest, auth)
+        item = (await rest.get("/approvals", headers=bob)).json()["items"][0]
+        assert (await flow.approve(first["call_id"], item["snapshot_hash"])).status_code == 200
+        small = await flow.propose("issue_refund", refund_args(30.0))  # changes the preview
+        await flow.dry_run(small["call_id"])
+        done = await flow.post(
+            "/execute", {"call_id": small["call_id"]}, headers={"Idempotency-Key": new_key()}
+        )
+        assert done.json()["status"] == "succeeded", done.text
+    again = (await post_call(servers[0], auth, 2, "issue_refund", args))["structuredContent"]
+    assert (again["status"], again["call_id"]) == ("awaiting_approval", first["call_id"])
+    async with httpx.AsyncClient(base_url=servers[1].url) as rest:
+        reopened = (await rest.get("/approvals", headers=bob)).json()["items"]
+    assert [i["call_id"] for i in reopened] == [first["call_id"]]
+    assert reopened[0]["snapshot_hash"] != item["snapshot_hash"]
+    assert await effects(providers, REFUNDS) == 1  # the small refund only
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        '{"call_id": "call_x", "key": 5, "snapshot_hash": null}',
+        '{"call_id": "call_x", "key": ["a"], "snapshot_hash": null}',
+        '{"call_id": "call_x\\u0000", "key": "kkkkkkkkkkkkkkkkkkkk", "snapshot_hash": null}',
+        '{"call_id": "call_\\ud800", "key": "kkkkkkkkkkkkkkkkkkkk", "snapshot_hash": null}',
+        '{"call_id": "call_x", "key": " kkkkkkkkkkkkkkkkkkkk", "snapshot_hash": null}',
+        "[" * 100_000 + "]" * 100_000,
+        "garbage",
+    ],
+)
+async def test_a_request_state_toolgate_did_not_write_is_an_invalid_request(
+    servers: list[Instance], auth: Auth, state: str
+) -> None:
+    result = await post_call(
+        servers[0], auth, 3, "get_order", {"order_id": "ord_1"}, requestState=state
+    )
+    assert result["isError"] is True
+    assert result["structuredContent"]["code"] == "invalid_request"
+
+
+async def test_the_stateless_endpoint_opens_no_stream_and_ends_no_session(
+    servers: list[Instance], auth: Auth
+) -> None:
+    async with httpx.AsyncClient(base_url=servers[0].url) as http:
+        for method in ("GET", "DELETE"):
+            answer = await http.request(
+                method, "/mcp", headers={**auth(), "Accept": "text/event-stream"}
+            )
+            assert answer.status_code == 405, answer.text
+            assert answer.headers["allow"] == "POST"

@@ -259,24 +259,33 @@ async def executions_of(conn: Connection, call_id: str) -> list[ExecutionRow]:
 
 
 async def standing(
-    conn: Connection, tenant: str, actor: str, tool: str, fingerprint: str, within_s: float
+    conn: Connection,
+    tenant: str,
+    actor: str,
+    tool: str,
+    fingerprint: str,
+    run_id: str | None,
+    within_s: float,
 ) -> CallRow | None:
-    """The actor's latest call of exactly this tool and fingerprint that waits for an
-    approval or holds one, moved there within ``within_s`` seconds (the tool's approval
-    lifetime: older ones hold an expired approval or preview). A later identical request
-    continues it instead of asking for another approval."""
+    """The actor's latest call of exactly this tool and fingerprint, in run ``run_id`` (or
+    in none), that waits for an approval or holds one, moved there within ``within_s``
+    seconds (the tool's approval lifetime: older ones hold an expired approval or preview).
+    A later identical request continues it instead of asking for another approval; one in
+    another run is another call, counted against its own run."""
     row = await conn.fetchrow(
         """
         SELECT * FROM calls
         WHERE tenant = $1 AND actor = $2 AND fingerprint = $4 AND tool = $3
+          AND run_id IS NOT DISTINCT FROM $5
           AND state IN ('awaiting_approval', 'approved')
-          AND updated_at > now() - make_interval(secs => $5)
+          AND updated_at > now() - make_interval(secs => $6)
         ORDER BY updated_at DESC LIMIT 1
         """,
         tenant,
         actor,
         tool,
         fingerprint,
+        run_id,
         within_s,
     )
     return CallRow(**dict(row)) if row else None

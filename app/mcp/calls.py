@@ -26,6 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 from pydantic import ValidationError
 
 from app import load
@@ -35,9 +36,18 @@ from app.auth.principal import Principal
 from app.calls import history, policy, service, store
 from app.calls.authorization import visible_call
 from app.calls.models import CallRow, DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
+from app.calls.mutation import lock_ttl
+from app.calls.policy import PreparedCall
 from app.calls.waiting import MAX_WAIT_S
+from app.catalog.models import Tool
 from app.deps import malformed
-from app.errors import ApprovalRejected, InvalidRequest, ToolgateError
+from app.errors import (
+    ApprovalRejected,
+    ApprovalStale,
+    IdempotencyInFlight,
+    InvalidRequest,
+    ToolgateError,
+)
 from app.state import AppState
 
 Mode = Literal["form", "url"]
@@ -128,11 +138,38 @@ async def _replayed(state: AppState, ask: Ask, key: str) -> Outcome | None:
 
 
 async def _first(state: AppState, ask: Ask, key: str) -> Outcome:
-    standing = await _standing(state, ask)
-    if standing is not None and standing.state == "approved":
-        return await _execute(state, ask, standing.id, key)
-    if standing is not None:
-        return await _approval(state, ask, standing.id, key)
+    """A call that needs an approval is looked for (``_standing``) and, if there is none,
+    proposed, under a lock on the actor's tool and arguments: identical requests sent at
+    once would otherwise each open a request for approval, and each approved one run."""
+    tool = state.catalog.tools.get(ask.tool)
+    if tool is None or tool.approval is None:
+        return await _propose(state, ask, key)
+    call = _prepared(tool, ask)
+    if call is None:
+        return await _propose(state, ask, key)
+    lock = (
+        "mcp-first:"
+        + hashlib.sha256(
+            f"{ask.principal.tenant}\0{ask.principal.sub}\0{tool.name}\0{call.fingerprint}".encode()
+        ).hexdigest()
+    )
+    async with state.locks.hold(lock, lock_ttl(tool)) as held:
+        if not held:
+            raise IdempotencyInFlight("the same call is being proposed by another request")
+        standing = await _standing(state, ask, tool, call.fingerprint)
+        if standing is not None and standing.state == "approved":
+            try:
+                return await _execute(state, ask, standing.id, key)
+            except ApprovalStale:  # preview again: that reopens the call for approvers
+                await service.dry_run(state, ask.principal, DryRunBody(call_id=standing.id))
+                return await _approval(state, ask, standing.id, key)
+        if standing is not None:
+            return await _approval(state, ask, standing.id, key)
+        return await _propose(state, ask, key)
+
+
+async def _propose(state: AppState, ask: Ask, key: str) -> Outcome:
+    """A new call: proposed, previewed when it needs it, then run or put to approvers."""
     proposal = await service.propose(
         state,
         ask.principal,
@@ -147,24 +184,27 @@ async def _first(state: AppState, ask: Ask, key: str) -> Outcome:
     return await _approval(state, ask, call_id, key)
 
 
-async def _standing(state: AppState, ask: Ask) -> CallRow | None:
-    """The actor's call of this tool with these arguments that awaits or holds an approval
-    (``store.standing``), if any. Arguments that do not even prepare have none: proposing
-    them records their denial."""
-    tool = state.catalog.tools.get(ask.tool)
-    if tool is None or tool.approval is None:
-        return None
+def _prepared(tool: Tool, ask: Ask) -> PreparedCall | None:
+    """The call as toolgate normalizes it; ``None`` for arguments that do not even prepare
+    (proposing them records their denial)."""
     try:
-        call = policy.prepare(tool, policy.completed(tool, ask.principal, ask.arguments))
+        return policy.prepare(tool, policy.completed(tool, ask.principal, ask.arguments))
     except ToolgateError:
         return None
+
+
+async def _standing(state: AppState, ask: Ask, tool: Tool, fingerprint: str) -> CallRow | None:
+    """The actor's call of this tool with these arguments, in the same run (or none), that
+    awaits or holds an approval (``store.standing``), if any."""
+    assert tool.approval is not None
     async with state.db.connection() as conn:
         return await store.standing(
             conn,
             ask.principal.tenant,
             ask.principal.sub,
             tool.name,
-            call.fingerprint,
+            fingerprint,
+            ask.run_id,
             tool.approval.ttl_s,
         )
 
@@ -172,7 +212,7 @@ async def _standing(state: AppState, ask: Ask) -> CallRow | None:
 async def _execute(state: AppState, ask: Ask, call_id: str, key: str) -> Outcome:
     """``/execute`` of the stored call ``call_id`` (which must be of the asked tool) with
     ``key`` (reads ignore it)."""
-    body = ExecuteBody(call_id=call_id, tool=ask.tool)
+    body = ExecuteBody(call_id=call_id, tool=ask.tool, run_id=ask.run_id)
     answer = await service.execute(state, ask.principal, body, IdempotencyKey(key, True))
     return Done(answer.body)
 
@@ -258,17 +298,19 @@ async def _resume(state: AppState, ask: Ask) -> Outcome:
 
 
 def _parse_state(text: str | None) -> tuple[str, str, str | None]:
+    """``requestState`` as ``_approval`` wrote it, or ``invalid_request``: it comes from the
+    client, so every member is checked for what toolgate would have written there."""
+    forged = InvalidRequest("requestState is not one toolgate gave")
     try:
-        parsed = json.loads(text or "")
+        parsed = orjson.loads(text or "")  # nesting past orjson's limit is a decode error
         call_id, key, snapshot_hash = parsed["call_id"], parsed["key"], parsed["snapshot_hash"]
-    except (ValueError, TypeError, KeyError):
-        raise InvalidRequest("requestState is not one toolgate gave") from None
-    if (
-        not isinstance(call_id, str)
-        or IdempotencyKey.parse(key).value is None
-        or not isinstance(snapshot_hash, str | None)
-    ):
-        raise InvalidRequest("requestState is not one toolgate gave")
+        call_id = DryRunBody.model_validate({"call_id": call_id}).call_id  # storable text
+    except (ValueError, TypeError, KeyError):  # ValidationError is a ValueError
+        raise forged from None
+    if not isinstance(key, str) or IdempotencyKey.parse(key).value != key:
+        raise forged
+    if not isinstance(snapshot_hash, str | None):
+        raise forged
     return call_id, key, snapshot_hash
 
 

@@ -97,7 +97,9 @@ async def metadata(request: Request) -> JSON:
 
 def routes(endpoint: Endpoint) -> list[BaseRoute]:
     return [
-        Route(PATH, endpoint, methods=["GET", "POST", "DELETE"]),
+        # Stateless: no stream for the server to speak on (GET) and no session to end
+        # (DELETE); both are 405, as the transport allows.
+        Route(PATH, endpoint, methods=["POST"]),
         Route(METADATA, metadata, methods=["GET"]),
         Route(METADATA + PATH, metadata, methods=["GET"]),
     ]

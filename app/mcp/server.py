@@ -12,15 +12,19 @@ carry a provider's data say ``"trust": "untrusted"`` in ``_meta``.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
 
 from app.catalog.listing import listing
 from app.mcp import calls
 from app.mcp.caller import Caller
+
+log = logging.getLogger("toolgate.mcp")
 
 DECISION_SCHEMA = {
     "type": "object",
@@ -63,7 +67,11 @@ async def call_tool(
         answer=answer.model_dump(mode="json") if answer is not None else None,
         request_state=params.request_state,
     )
-    outcome = await calls.call_tool(caller.state, ask)
+    try:
+        outcome = await calls.call_tool(caller.state, ask)
+    except Exception:  # as REST's 500: logged here, nothing of it told to the client
+        log.exception("MCP tools/call %s failed unexpectedly", params.name)
+        raise MCPError(types.INTERNAL_ERROR, "Internal server error") from None
     return result(outcome)
 
 
