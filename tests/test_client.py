@@ -23,6 +23,9 @@ Token = Callable[..., str]
 REFUNDS = "/billing/refunds"
 QUICK = Retry(attempts=5, backoff_s=0.05, max_backoff_s=0.3)
 """Retries fast enough for a test, bounded as in production."""
+PATIENT = Retry(attempts=10, backoff_s=0.05, max_backoff_s=0.3)
+"""Retries that outlast a 0.6 s stall by at least 0.4 s whatever the jitter (QUICK's may end
+after 0.375 s): a request waiting out another must not give up first on a busy machine."""
 
 
 @pytest.fixture
@@ -33,8 +36,9 @@ def as_user(
 
     def make(sub: str = "alice", roles: str = "support", **options: Any) -> AsyncClient:
         transport = httpx.ASGITransport(app=app)
+        options.setdefault("retry", QUICK)
         return AsyncClient(
-            "http://toolgate", token(sub, roles=roles), transport=transport, retry=QUICK, **options
+            "http://toolgate", token(sub, roles=roles), transport=transport, **options
         )
 
     return make
@@ -136,7 +140,7 @@ async def test_a_request_still_in_flight_is_waited_out_and_replayed(
     args = {"subject": "s", "body": "b"}
     await providers.fault("/support/tickets", "stall_before_effect", seconds=0.6)
     sent: list[str] = []
-    async with as_user() as first, as_user(**counting(sent)) as second:
+    async with as_user() as first, as_user(retry=PATIENT, **counting(sent)) as second:
         running = asyncio.create_task(
             first.execute(tool="create_ticket", arguments=args, idempotency_key="ticket-key-000001")
         )
