@@ -57,11 +57,11 @@ async def read_body(request: Request, model: type[Model]) -> Model:
         raise malformed(exc.errors(), skip=0) from None
 
 
-def malformed(errors: Sequence[Any], skip: int) -> ToolgateError:
+def malformed(errors: Sequence[Any], skip: int, what: str = "the request body") -> ToolgateError:
     """``invalid_request`` listing each error as a JSON Pointer to the offending field (after
     dropping ``skip`` leading location parts, such as FastAPI's ``"body"``)."""
     return InvalidRequest(
-        "the request body is malformed",
+        f"{what} is malformed",
         errors=[
             {
                 "path": "/" + "/".join(recordable.text(str(p)) for p in e["loc"][skip:]),

@@ -261,7 +261,11 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid_body(request: Request, error: RequestValidationError) -> Any:
-        return problem(malformed(error.errors(), skip=1))
+        errors = error.errors()
+        body = all(e["loc"][:1] == ("body",) for e in errors)
+        return problem(
+            malformed(errors, skip=1, what="the request body" if body else "the request")
+        )
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception) -> Any:

@@ -98,6 +98,9 @@ async def test_a_wait_outside_zero_to_sixty_seconds_is_an_invalid_request(
     call_id, _ = await awaiting_approval(flow)
     response = await client.get(f"/calls/{call_id}?wait={wait}", headers=auth())
     assert (response.status_code, response.json()["code"]) == (400, "invalid_request")
+    if wait == "soon":  # not a number: the query, not a body, is what is malformed
+        assert response.json()["detail"] == "the request is malformed"
+        assert response.json()["errors"][0]["path"] == "/wait"
 
 
 async def test_waiting_on_someone_elses_call_is_not_found(
