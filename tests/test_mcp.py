@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -418,3 +419,24 @@ async def test_the_stateless_endpoint_opens_no_stream_and_ends_no_session(
             )
             assert answer.status_code == 405, answer.text
             assert answer.headers["allow"] == "POST"
+
+
+async def test_a_request_state_naming_a_call_that_awaits_no_approval_is_refused(
+    servers: list[Instance], auth: Auth, providers: Providers
+) -> None:
+    args = {"subject": "s", "body": "b"}
+    async with httpx.AsyncClient(base_url=servers[0].url) as rest:
+        proposal = await Flow(rest, auth).propose("create_ticket", args)
+    state = json.dumps({"call_id": proposal["call_id"], "key": "k" * 20, "snapshot_hash": None})
+    for action in ("decline", "accept"):
+        result = await post_call(
+            servers[1],
+            auth,
+            4,
+            "create_ticket",
+            args,
+            requestState=state,
+            inputResponses={"approval": {"action": action, "content": {"decision": "approve"}}},
+        )
+        assert result["structuredContent"]["code"] == "invalid_request", result
+    assert await effects(providers, TICKETS) == 0

@@ -271,6 +271,10 @@ async def _resume(state: AppState, ask: Ask) -> Outcome:
     call = await visible_call(state, ask.principal, call_id)
     if call.tool != ask.tool:
         raise InvalidRequest("requestState names a call of another tool")
+    if call.state == "rejected":
+        raise ApprovalRejected("the approver rejected this call", call_id=call_id)
+    if call.state not in ("awaiting_approval", "approved"):
+        raise InvalidRequest("requestState names a call that awaits no approval")
     url = f"{ask.console}/console/calls/{call_id}"
     answer = ask.answer or {}
     if answer.get("action") != "accept":
