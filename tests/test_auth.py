@@ -162,6 +162,11 @@ BAD_AUTHORIZATIONS: dict[str, Callable[[], str | None]] = {
     "c1_control_in_tenant_claim": lambda: "Bearer " + hs256(claims(tid="ac\x85me")),
     "nul_in_a_role": lambda: "Bearer " + hs256(claims(roles=["support\x00"])),
     "empty_role": lambda: "Bearer " + hs256(claims(roles=[""])),
+    # longer than an index entry can hold, once stored with every call
+    "sub_of_2800_characters": lambda: "Bearer " + hs256(claims(sub="a" * 2800)),
+    "sub_of_256_characters": lambda: "Bearer " + hs256(claims(sub="é" * 256)),
+    "tenant_of_10000_characters": lambda: "Bearer " + hs256(claims(tid="t" * 10_000)),
+    "role_of_256_characters": lambda: "Bearer " + hs256(claims(roles=["r" * 256])),
 }
 
 
@@ -381,3 +386,16 @@ async def test_a_remembered_token_stops_working_when_it_expires(
     )
     expired = await client.post("/propose", json=body, headers=headers)
     assert (expired.status_code, expired.json()["code"]) == (401, "unauthenticated")
+
+
+async def test_the_longest_identity_claims_are_accepted_and_stored(
+    client: httpx.AsyncClient, db: asyncpg.Connection, clean: None
+) -> None:
+    sub = "é" * 255
+    response = await client.post(
+        "/propose",
+        json={"tool": "get_order", "arguments": {"order_id": "ord_1"}},
+        headers={"Authorization": "Bearer " + hs256(claims(sub=sub))},
+    )
+    assert response.status_code == 200, response.text
+    assert await db.fetchval("SELECT actor FROM calls") == sub

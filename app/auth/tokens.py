@@ -159,11 +159,17 @@ class TokenVerifier:
         return Principal(sub, tenant, frozenset(roles), sid if identifier(sid) else None)
 
 
+MAX_IDENTIFIER = 255
+"""Characters in a ``sub``, tenant, role or ``sid`` (OpenID Connect's bound on ``sub``): who
+made a call is stored in indexed columns, and an index entry holds at most about 8 kB."""
+
+
 def identifier(claim: Any) -> TypeGuard[str]:
-    """A claim fit to name someone: a non-empty string without control characters or lone
-    surrogates. Identity is stored with every decision and compared everywhere; a NUL or a
-    control character in it could be neither stored nor shown safely."""
-    if not isinstance(claim, str) or not claim:
+    """A claim fit to name someone: a non-empty string of at most ``MAX_IDENTIFIER``
+    characters without control characters or lone surrogates. Identity is stored with every
+    decision and compared everywhere; a NUL or a control character in it could be neither
+    stored nor shown safely, and a longer one not stored in an index."""
+    if not isinstance(claim, str) or not claim or len(claim) > MAX_IDENTIFIER:
         return False
     if claim.isascii():
         return claim.isprintable()
