@@ -113,8 +113,12 @@ def _request_only(dependency: Dependant) -> Step:
 
 
 def _header(name: str) -> Step:
+    """The header's value; several lines of it are one comma-separated value (RFC 9110
+    §5.3), as a proxy that joins them would pass it on: never just the first line."""
+
     async def header(request: Request) -> str | None:
-        return request.headers.get(name)
+        values = request.headers.getlist(name)
+        return ", ".join(values) if values else None
 
     return header
 

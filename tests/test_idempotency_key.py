@@ -58,3 +58,17 @@ async def test_a_denied_mutation_without_a_key_is_answered_and_recorded_as_its_d
         ("deny", "identity_spoof", "denied")
     ]
     assert (await providers.stats())["effects_by_path"].get("/billing/refunds", 0) == 0
+
+
+async def test_two_key_lines_are_one_comma_separated_value_and_refused(
+    client: httpx.AsyncClient, auth: Auth, providers: Providers
+) -> None:
+    """As a proxy that joins header lines would pass them on: never the first line alone."""
+    for second in (KEY, "another-well-formed-key-02"):
+        response = await client.post(
+            "/execute",
+            json={"tool": "create_ticket", "arguments": {"subject": "s", "body": "b"}},
+            headers=[*auth().items(), ("Idempotency-Key", KEY), ("Idempotency-Key", second)],
+        )
+        assert (response.status_code, response.json()["code"]) == (400, "idempotency_key_invalid")
+    assert (await providers.stats())["effects_by_path"].get("/support/tickets", 0) == 0
