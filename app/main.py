@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import health, metrics, openapi, retention, telemetry
@@ -39,7 +40,7 @@ from app.locks import Locks
 from app.mcp import router as mcp
 from app.outbound import Outbound
 from app.providers import ProviderClient
-from app.responses import JSON, problem
+from app.responses import CLIENT_GONE, JSON, problem
 from app.routing import operation_id
 from app.runs import router as runs
 from app.settings import ConfigError, Settings
@@ -258,6 +259,11 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:
         return problem(error)
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_client_gone(request: Request, error: ClientDisconnect) -> Any:
+        """The client closed the connection before its body had arrived."""
+        return Response(status_code=CLIENT_GONE)
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid_body(request: Request, error: RequestValidationError) -> Any:

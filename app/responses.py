@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict
 from app.errors import InvalidRequest, ToolgateError
 
 PROBLEM_JSON = "application/problem+json"
+CLIENT_GONE = 499
+"""The status recorded (in metrics and the request span; nobody receives it) for a request
+whose client left before it was answered: not a server error, and nothing to answer."""
 
 
 class JSON(JSONResponse):

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -135,3 +136,31 @@ async def test_a_content_length_of_thousands_of_digits_is_judged_not_crashed_on(
         assert headers["content-type"] == "application/problem+json"
     assert orjson.loads(answers[0][2])["code"] == "unauthenticated"
     assert orjson.loads(answers[1][2])["code"] == "invalid_request"
+
+
+async def test_a_client_that_leaves_mid_body_is_no_server_error(
+    env: dict[str, str], auth: Auth, tmp_path: Path
+) -> None:
+    """A body cut short by a closed connection, or never sent after ``100 Continue``: the
+    client is gone, so nothing is answered, nothing is logged as an error, and the request
+    is counted with status 499."""
+    log = tmp_path / "serve.log"
+    instance = Instance(env, log)
+    try:
+        await instance.ready()
+        body = orjson.dumps({"tool": "get_order", "arguments": {"order_id": "ord_1"}})
+        head = (
+            "POST /propose HTTP/1.1\r\nhost: toolgate\r\ncontent-type: application/json\r\n"
+            f"authorization: {auth()['Authorization']}\r\ncontent-length: {len(body)}\r\n"
+        ).encode()
+        for extra, sent in ((b"", body[:-10]), (b"expect: 100-continue\r\n", b"")):
+            with socket.create_connection(("127.0.0.1", instance.port), timeout=10) as sock:
+                sock.sendall(head + extra + b"\r\n" + sent)
+                time.sleep(0.3)
+        async with httpx.AsyncClient(base_url=instance.url) as client:
+            metrics = (await client.get("/metrics")).text
+    finally:
+        instance.stop()
+    assert 'route="/propose",status="499"} 2.0' in metrics.replace('method="POST",', "")
+    errors = [line for line in log.read_text().splitlines() if '"level":"ERROR"' in line]
+    assert errors == []

@@ -25,14 +25,16 @@ REFUNDS = "/billing/refunds"
 
 
 class Instance:
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], log: Path | None = None) -> None:
+        """``log``: a file for the server's log lines (stderr), else they are dropped."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log.open("wb") if log is not None else None
         self.process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)],
             env={**os.environ, **env},
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=self.log or subprocess.DEVNULL,
         )
 
     async def ready(self) -> None:
@@ -56,6 +58,8 @@ class Instance:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.log is not None:
+            self.log.close()
 
 
 @asynccontextmanager

@@ -14,7 +14,7 @@ from app.audit import service
 from app.audit.models import AuditFilter, AuditPage, Event, Verification
 from app.deps import AUTHENTICATED, CurrentPrincipal, State
 from app.errors import Forbidden, InvalidRequest
-from app.responses import JSON, problems
+from app.responses import CLIENT_GONE, JSON, problems
 
 router = APIRouter(responses=problems(*AUTHENTICATED, Forbidden))
 
@@ -86,11 +86,6 @@ async def audit_export(
 ) -> StreamingResponse:
     lines = await service.export(state, principal, where, cursor)
     return StreamingResponse(lines, media_type="application/x-ndjson")
-
-
-CLIENT_GONE = 499
-"""The status recorded (in metrics; nobody receives it) for a verification whose client left
-before it was done."""
 
 
 @router.get("/audit/verify", response_model=Verification)
