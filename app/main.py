@@ -102,6 +102,9 @@ async def reload_catalog(state: AppState) -> None:
     except CatalogError as exc:
         log.error("catalog reload refused, keeping %s:\n%s", state.catalog.policy_version, exc)
         return
+    except Exception:  # a loader bug must not end the reload unheard, nor change the policy
+        log.exception("catalog reload refused, keeping %s", state.catalog.policy_version)
+        return
     log.info("catalog reloaded: %s", state.catalog.policy_version)
 
 

@@ -7,6 +7,7 @@ mutated text, so a problem must point at the line that holds the offending node.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -557,3 +558,59 @@ def test_policy_version_ignores_comments_and_whitespace(tmp_path: Path) -> None:
     )
     assert reformatted != BASE
     assert policy_version(tmp_path, reformatted, "b.yaml") == version
+
+
+def test_a_key_twice_in_one_mapping_is_a_problem_not_the_last_one_winning(tmp_path: Path) -> None:
+    """Within one file too: a second ``access`` that drops the roles, or a second tool of
+    one name, would otherwise replace the first without a word."""
+    text = edit(
+        BASE,
+        "    access: {roles: [support, customer]}\n",
+        "    access: {roles: [support, customer]}\n    access: {}\n",
+    )
+    problems = problems_of(write(tmp_path, text))
+    problem = at(problems, ("tools", "get_order", "access"))
+    assert (problem.message, problem.line) == (
+        "defined more than once",
+        line_of(text, "access: {}"),
+    )
+    twice = BASE + BASE[BASE.index("  get_order:\n") : BASE.index("  issue_refund:\n")]
+    assert at(problems_of(write(tmp_path, twice, "twice.yaml")), ("tools", "get_order"))
+
+
+def test_aliases_that_expand_past_the_bound_are_refused_before_memory_runs_out(
+    tmp_path: Path,
+) -> None:
+    """A "billion laughs": 360 bytes that would expand to 10**8 values."""
+    levels = ['l0: &l0 ["x","x","x","x","x","x","x","x","x","x"]'] + [
+        f"l{n}: &l{n} [" + ",".join([f"*l{n - 1}"] * 10) + "]" for n in range(1, 8)
+    ]
+    bomb = write(tmp_path, "\n".join(levels) + "\n", "bomb.yaml")
+    started = time.monotonic()
+    problems = problems_of(bomb)
+    assert time.monotonic() - started < 5
+    assert [p.message for p in problems] == [
+        "expands to more than 100,000 values (aliases count each time used)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("&p {type: object, properties: {a: *p}}", "an alias inside itself"),
+        (
+            "{type: object, properties: {n: {type: integer, maximum: 100000000000000000000}}}",
+            "an integer beyond ±(2**53 - 1): JSON cannot say it",
+        ),
+        ("{type: object, description: !!binary aGVsbG8=}", "not a JSON value (YAML made a bytes)"),
+        ("{type: object, description: 2026-12-01}", "not a JSON value (YAML made a date)"),
+        ("{type: object, properties: {n: {type: number, maximum: .inf}}}", "not a finite number"),
+    ],
+)
+def test_values_json_cannot_hold_are_located_problems(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    text = BASE + f"  odd_tool:\n    mutation: false\n    parameters: {value}\n"
+    problems = problems_of(write(tmp_path, text))
+    assert message in [p.message for p in problems], [str(p) for p in problems]
+    assert all(p.line == line_of(text, "parameters: ") for p in problems if p.message == message)

@@ -6,6 +6,7 @@ twice is a problem, not a silent override.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from app.canonical import SAFE_INTEGER
 
 Path_ = tuple[str | int, ...]
 SECTIONS = ("providers", "resources", "tools")
@@ -80,8 +83,15 @@ def _merge(source: Source, file: Path) -> None:
         return
     if node is None:
         return
-    lines: dict[Path_, tuple[str, int]] = {}
-    data = _construct(node, (), name, lines)
+    builder = _Builder(name)
+    try:
+        data = builder.value(node, ())
+    except _TooLarge as bound:
+        message = f"expands to more than {MAX_VALUES:,} values (aliases count each time used)"
+        source.problems.append(Problem(name, bound.line, bound.path, message))
+        return
+    source.problems.extend(builder.problems)
+    lines = builder.lines
     if not isinstance(data, dict):
         source.problems.append(Problem(name, node.start_mark.line + 1, (), "must be a mapping"))
         return
@@ -110,17 +120,80 @@ def _merge(source: Source, file: Path) -> None:
         source.lines.setdefault(path, where)
 
 
-def _construct(node: yaml.Node, path: Path_, file: str, lines: dict[Path_, tuple[str, int]]) -> Any:
-    lines[path] = (file, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        result: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = str(_scalar(key_node))
-            result[key] = _construct(value_node, (*path, key), file, lines)
-        return result
-    if isinstance(node, yaml.SequenceNode):
-        return [_construct(item, (*path, i), file, lines) for i, item in enumerate(node.value)]
-    return _scalar(node)
+MAX_VALUES = 100_000
+"""Values one file may expand to, an alias counted each time it is used: a few hundred bytes
+of aliases nested ten deep (a "billion laughs") would otherwise expand past any memory."""
+
+
+class _TooLarge(Exception):
+    """Raised at the value past ``MAX_VALUES``: its path and line."""
+
+    def __init__(self, path: Path_, line: int) -> None:
+        super().__init__(path, line)
+        self.path, self.line = path, line
+
+
+class _Builder:
+    """One file's document from its YAML nodes: JSON values only, each node's line noted, a
+    key repeated in one mapping or an alias inside itself a problem, never a silent choice."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.lines: dict[Path_, tuple[str, int]] = {}
+        self.problems: list[Problem] = []
+        self._values = 0
+        self._open: set[int] = set()
+        """The collections being built around the current node (ids), to find cycles."""
+
+    def value(self, node: yaml.Node, path: Path_) -> Any:
+        self._values += 1
+        line = node.start_mark.line + 1
+        if self._values > MAX_VALUES:
+            raise _TooLarge(path, line)
+        self.lines[path] = (self.file, line)
+        if isinstance(node, yaml.ScalarNode):
+            return self._scalar(node, path, line)
+        if id(node) in self._open:
+            self.problems.append(Problem(self.file, line, path, "an alias inside itself"))
+            return None
+        self._open.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return [self.value(item, (*path, i)) for i, item in enumerate(node.value)]
+            result: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    where = key_node.start_mark.line + 1
+                    self.problems.append(Problem(self.file, where, path, "a key must be text"))
+                    continue
+                key = str(_scalar(key_node))
+                if key in result:
+                    where = key_node.start_mark.line + 1
+                    self.problems.append(
+                        Problem(self.file, where, (*path, key), "defined more than once")
+                    )
+                    continue
+                result[key] = self.value(value_node, (*path, key))
+            return result
+        finally:
+            self._open.discard(id(node))
+
+    def _scalar(self, node: yaml.Node, path: Path_, line: int) -> Any:
+        value = _scalar(node)
+        kind = type(value)
+        if kind is float and not math.isfinite(value):
+            self.problems.append(Problem(self.file, line, path, "not a finite number"))
+        elif kind is int and not -SAFE_INTEGER <= value <= SAFE_INTEGER:
+            self.problems.append(
+                Problem(self.file, line, path, "an integer beyond ±(2**53 - 1): JSON cannot say it")
+            )
+        elif kind not in (str, int, float, bool, type(None)):
+            self.problems.append(
+                Problem(self.file, line, path, f"not a JSON value (YAML made a {kind.__name__})")
+            )
+        else:
+            return value
+        return None
 
 
 def _scalar(node: yaml.Node) -> Any:
