@@ -70,10 +70,13 @@ class Outbound:
         json: Any = None,
         params: Mapping[str, str] | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        status_only: bool = False,
     ) -> Response:
         """Send ``url`` exactly as written: it must already be percent-encoded, and is never
         re-encoded or normalized (``/a/../b`` stays as it is), so the peer receives the path
-        the caller built. ``params`` are encoded and appended to its query.
+        the caller built. ``params`` are encoded and appended to its query. ``status_only``:
+        the answer's body is not read at all (the connection is closed instead), for a caller
+        that judges by the status alone.
 
         Raises ``NotSent``, ``Uncertain``, or ``TooLarge`` past ``max_bytes`` of body."""
         assert self._session is not None, "Outbound.start() was not awaited"
@@ -94,8 +97,12 @@ class Outbound:
                 timeout=_timeout(timeout_s),
                 allow_redirects=False,
             ) as response:
-                raw = await _read(response, max_bytes)
                 status = response.status
+                if status_only:
+                    response.close()
+                    raw = b""
+                else:
+                    raw = await _read(response, max_bytes)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise NotSent(f"{type(exc).__name__}: {exc}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:

@@ -34,6 +34,8 @@ class Receiver:
 
     def __init__(self) -> None:
         self.down = False
+        self.page = b""
+        """What an accepting answer carries (a 204 when empty)."""
         self.refused = 0
         self.accepted: list[dict[str, Any]] = []
         self.ids: list[str] = []
@@ -46,7 +48,7 @@ class Receiver:
             return web.Response(status=503)
         self.accepted.append(payload)
         self.ids.append(request.headers["webhook-id"])
-        return web.Response(status=204)
+        return web.Response(status=200, body=self.page) if self.page else web.Response(status=204)
 
     def types(self) -> list[str]:
         return sorted(p["type"] for p in self.accepted)
@@ -173,6 +175,27 @@ async def test_an_endpoint_that_is_down_for_a_while_gets_the_event_once_it_is_ba
     (row,) = await outbox(lone_database)
     assert row["delivered_at"] is not None
     assert row["attempts"] == endpoint.refused + 1
+
+
+async def test_a_2xx_with_a_large_page_is_delivered_once(
+    hook_env: dict[str, str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+    auth: Any,
+    lone_database: str,
+) -> None:
+    """A receiver that answers a big HTML page with its 200 received the event: only the
+    status counts, its page is never read (and never makes the event come again)."""
+    endpoint, url = receiver
+    endpoint.page = b"<html>" + b"x" * (200 << 10) + b"</html>"
+    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
+    async with running_app(env) as client:
+        await run_ended(client, auth)
+        await until(lambda: len(endpoint.accepted) == 1)
+        await asyncio.sleep(0.5)  # several passes and backoffs: nothing is sent again
+    assert len(endpoint.accepted) == 1
+    (row,) = await outbox(lone_database)
+    assert (row["delivered_at"] is not None, row["attempts"], row["last_error"]) == (True, 1, None)
 
 
 async def test_an_event_survives_a_restart_of_toolgate_before_delivery(
