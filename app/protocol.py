@@ -7,10 +7,17 @@ sees anything: one client could make a worker hold and copy many megabytes. Here
 (request line and headers) may be at most ``MAX_HEAD_BYTES``; a longer one is answered 431
 as a problem (``invalid_request``) and the connection closed, after reading at most that
 much plus one network read. Bodies are limited in the app (``main.RequestLimits``).
+
+A request must also arrive whole, head and body, within ``ARRIVAL_S`` of its first byte:
+uvicorn times out idle connections between requests, but not one that sends a request a
+byte at a time, so a few thousand slow clients could hold every file descriptor. The timer
+is armed only when a read ends with a request still arriving, so a request that comes in
+one read, the usual case, costs none.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -20,6 +27,7 @@ from app.errors import HeadersTooLarge
 
 MAX_HEAD_BYTES = 64 * 1024
 LINGER_S = 1.0
+ARRIVAL_S = 30.0
 
 
 class _HeadTooLarge(Exception):
@@ -34,6 +42,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.head_bytes = 0
         """Bytes received while a head was being read (an upper bound of its size)."""
         self.refused = False
+        self.arriving = False
+        """A request has begun and its last byte has not come yet."""
+        self.arrival: asyncio.TimerHandle | None = None
 
     def data_received(self, data: bytes) -> None:
         if self.reading_head:
@@ -41,11 +52,36 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self.reading_head and self.head_bytes > MAX_HEAD_BYTES:
             self.refuse_head()
+        if self.arriving and self.arrival is None:
+            self.arrival = self.loop.call_later(ARRIVAL_S, self.too_slow)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.reading_head = True
         self.head_bytes = 0
+        self.arriving = True
+
+    def on_message_complete(self) -> None:
+        self.arrived()
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.arrived()
+        super().connection_lost(exc)
+
+    def arrived(self) -> None:
+        self.arriving = False
+        if self.arrival is not None:
+            self.arrival.cancel()
+            self.arrival = None
+
+    def too_slow(self) -> None:
+        """The request did not arrive in time: close; an app still reading its body sees the
+        client gone."""
+        self.arrival = None
+        if self.arriving and not self.transport.is_closing():
+            self.logger.info("Request not received within %.0f s; connection closed.", ARRIVAL_S)
+            self.transport.close()
 
     def on_headers_complete(self) -> None:
         """The exact size is known now: the last read may also have held body bytes."""

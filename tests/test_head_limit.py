@@ -3,17 +3,22 @@ its memory does not grow with what a client sends."""
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
 import pytest
+import uvicorn
 
+from app import protocol
 from app.protocol import MAX_HEAD_BYTES
+from tests.conftest import free_port
 from tests.flows import Auth
 from tests.test_instances import Instance
 
@@ -164,3 +169,56 @@ async def test_a_client_that_leaves_mid_body_is_no_server_error(
     assert 'route="/propose",status="499"} 2.0' in metrics.replace('method="POST",', "")
     errors = [line for line in log.read_text().splitlines() if '"level":"ERROR"' in line]
     assert errors == []
+
+
+async def test_a_request_must_arrive_whole_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The protocol under a real uvicorn on a real socket, with a short ``ARRIVAL_S``: a
+    head or a body sent too slowly is cut off, and a request in two reads in time is not."""
+    monkeypatch.setattr(protocol, "ARRIVAL_S", 0.5)
+    gone: list[bytes] = []
+
+    async def echo(scope: Any, receive: Any, send: Any) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.append(body)
+                return
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    port = free_port()
+    config = uvicorn.Config(
+        echo, port=port, http=protocol.LimitedHttpToolsProtocol, lifespan="off", log_level="error"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+
+    async def sent_slowly(first: bytes, then: bytes | None) -> tuple[bytes, float]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        writer.write(first)
+        if then is not None:
+            await asyncio.sleep(0.2)
+            writer.write(then)
+        answer = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+        writer.close()
+        return answer, time.monotonic() - started
+
+    head = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\nconnection: close\r\n"
+    try:
+        cut_head, after_head = await sent_slowly(head, None)
+        cut_body, after_body = await sent_slowly(head + b"\r\n12345", None)
+        whole, _ = await sent_slowly(head, b"\r\n1234567890")
+    finally:
+        server.should_exit = True
+        await serving
+    assert (cut_head, cut_body) == (b"", b"")
+    assert 0.4 < after_head < 3
+    assert 0.4 < after_body < 3
+    assert gone == [b"12345"]  # the app reading the body saw the client gone
+    assert whole.startswith(b"HTTP/1.1 200")
+    assert b"\r\n1234567890\r\n" in whole
