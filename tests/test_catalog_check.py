@@ -594,6 +594,12 @@ def test_aliases_that_expand_past_the_bound_are_refused_before_memory_runs_out(
     ]
 
 
+@pytest.mark.parametrize("depth", [900, 5000, 50_000])
+def test_a_file_nested_too_deeply_is_a_problem_not_a_crash(tmp_path: Path, depth: int) -> None:
+    deep = write(tmp_path, "version: x\nnested: " + "[" * depth + "]" * depth + "\n", "deep.yaml")
+    assert [p.message for p in problems_of(deep)] == ["nested too deeply"]
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [

@@ -81,6 +81,9 @@ def _merge(source: Source, file: Path) -> None:
             Problem(name, line + 1 if line is not None else None, (), f"unreadable: {exc}")
         )
         return
+    except RecursionError:
+        source.problems.append(Problem(name, 1, (), "nested too deeply"))
+        return
     if node is None:
         return
     builder = _Builder(name)
@@ -89,6 +92,9 @@ def _merge(source: Source, file: Path) -> None:
     except _TooLarge as bound:
         message = f"expands to more than {MAX_VALUES:,} values (aliases count each time used)"
         source.problems.append(Problem(name, bound.line, bound.path, message))
+        return
+    except RecursionError:
+        source.problems.append(Problem(name, 1, (), "nested too deeply"))
         return
     source.problems.extend(builder.problems)
     lines = builder.lines
