@@ -185,6 +185,8 @@ NOT_PUBLIC = [
     "2001:0:5db8:d822::80ff:fffe",  # Teredo with client 127.0.0.1
     "2001:0:a00:1::a2f7:f7dd",  # Teredo with server 10.0.0.1
     "2001:db8::1",
+    "3fff::1",  # documentation, since 2024
+    "5f00::1",  # segment routing SIDs
     "not an address",
     "",
 ]

@@ -281,6 +281,9 @@ _EMBEDDING_96 = (
 _NEVER_PUBLIC_V6 = (
     ipaddress.IPv6Network("64:ff9b:1::/48"),  # local-use NAT64: its embedding is local
     ipaddress.IPv6Network("fec0::/10"),  # site-local
+    # registered after the address tables of Python 3.11's ipaddress:
+    ipaddress.IPv6Network("3fff::/20"),  # documentation (RFC 9637)
+    ipaddress.IPv6Network("5f00::/16"),  # segment routing SIDs (RFC 9602)
 )
 
 
