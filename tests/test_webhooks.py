@@ -79,6 +79,15 @@ def hook_env(lone_database: str, redis_url: str, providers_url: str) -> dict[str
     return make_env(lone_database, redis_url, providers_url, HOOK_SECRET=SECRET)
 
 
+@pytest.fixture
+def notifying(
+    hook_env: dict[str, str], receiver: tuple[Receiver, str], tmp_path: Path
+) -> tuple[Receiver, dict[str, str]]:
+    """The receiver, and the settings of an app that tells it of every event."""
+    endpoint, url = receiver
+    return endpoint, {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
+
+
 async def outbox(database_url: str) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(database_url)
     try:
@@ -129,14 +138,11 @@ def test_own_signatures_verify_with_the_reference_library() -> None:
 
 
 async def test_every_event_reaches_the_endpoint_signed(
-    hook_env: dict[str, str],
-    receiver: tuple[Receiver, str],
-    tmp_path: Path,
+    notifying: tuple[Receiver, dict[str, str]],
     auth: Any,
     lone_database: str,
 ) -> None:
-    endpoint, url = receiver
-    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
+    endpoint, env = notifying
     async with running_app(env) as client:
         flow = Flow(client, auth)
         await approved_refund_executed(flow)
@@ -154,15 +160,12 @@ async def test_every_event_reaches_the_endpoint_signed(
 
 
 async def test_an_endpoint_that_is_down_for_a_while_gets_the_event_once_it_is_back(
-    hook_env: dict[str, str],
-    receiver: tuple[Receiver, str],
-    tmp_path: Path,
+    notifying: tuple[Receiver, dict[str, str]],
     auth: Any,
     lone_database: str,
 ) -> None:
-    endpoint, url = receiver
+    endpoint, env = notifying
     endpoint.down = True
-    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
     async with running_app(env) as client:
         await run_ended(client, auth)
         await until(lambda: endpoint.refused >= 3)
@@ -178,17 +181,14 @@ async def test_an_endpoint_that_is_down_for_a_while_gets_the_event_once_it_is_ba
 
 
 async def test_a_2xx_with_a_large_page_is_delivered_once(
-    hook_env: dict[str, str],
-    receiver: tuple[Receiver, str],
-    tmp_path: Path,
+    notifying: tuple[Receiver, dict[str, str]],
     auth: Any,
     lone_database: str,
 ) -> None:
     """A receiver that answers a big HTML page with its 200 received the event: only the
     status counts, its page is never read (and never makes the event come again)."""
-    endpoint, url = receiver
+    endpoint, env = notifying
     endpoint.page = b"<html>" + b"x" * (200 << 10) + b"</html>"
-    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
     async with running_app(env) as client:
         await run_ended(client, auth)
         await until(lambda: len(endpoint.accepted) == 1)
@@ -199,14 +199,11 @@ async def test_a_2xx_with_a_large_page_is_delivered_once(
 
 
 async def test_an_event_survives_a_restart_of_toolgate_before_delivery(
-    hook_env: dict[str, str],
-    receiver: tuple[Receiver, str],
-    tmp_path: Path,
+    notifying: tuple[Receiver, dict[str, str]],
     auth: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    endpoint, url = receiver
-    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
+    endpoint, env = notifying
     monkeypatch.setattr(sender, "EVERY_S", 3600.0)  # the first instance never sends
     async with running_app(env) as client:
         await approved_refund_executed(Flow(client, auth))
