@@ -142,10 +142,8 @@ async def _first(state: AppState, ask: Ask, key: str) -> Outcome:
     proposed, under a lock on the actor's tool and arguments: identical requests sent at
     once would otherwise each open a request for approval, and each approved one run."""
     tool = state.catalog.tools.get(ask.tool)
-    if tool is None or tool.approval is None:
-        return await _propose(state, ask, key)
-    call = _prepared(tool, ask)
-    if call is None:
+    call = _prepared(tool, ask) if tool is not None and tool.approval is not None else None
+    if tool is None or call is None:
         return await _propose(state, ask, key)
     lock = (
         "mcp-first:"
