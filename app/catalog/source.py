@@ -73,8 +73,12 @@ def read(location: Path) -> Source:
 def _merge(source: Source, file: Path) -> None:
     name = str(file)
     source.files.append(name)
-    try:
+    builder = _Builder(name)
+    try:  # composing and building both recurse per level of nesting
         node = yaml.compose(file.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        if node is None:
+            return
+        data = builder.value(node, ())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         source.problems.append(
@@ -84,17 +88,9 @@ def _merge(source: Source, file: Path) -> None:
     except RecursionError:
         source.problems.append(Problem(name, 1, (), "nested too deeply"))
         return
-    if node is None:
-        return
-    builder = _Builder(name)
-    try:
-        data = builder.value(node, ())
     except _TooLarge as bound:
         message = f"expands to more than {MAX_VALUES:,} values (aliases count each time used)"
         source.problems.append(Problem(name, bound.line, bound.path, message))
-        return
-    except RecursionError:
-        source.problems.append(Problem(name, 1, (), "nested too deeply"))
         return
     source.problems.extend(builder.problems)
     lines = builder.lines
