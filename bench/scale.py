@@ -305,7 +305,7 @@ def main() -> int:
                     def measure(workload: str, round_no: int) -> run.Row:
                         return run.measure(
                             ns, procs, sampler, base, agent, "toolgate", workload,
-                            server.pid, providers.pid, round_no,
+                            server.pid, providers.pid, providers_url, round_no,
                         )  # fmt: skip
 
                     if "hot" not in skip:
