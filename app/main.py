@@ -152,6 +152,9 @@ class RequestLimits:
       text cannot hold it, and URLs are decoded with replacement characters, so NUL is the one
       thing that does not fit. In the path it names nothing (404 ``not_found``); in the query
       it is malformed (400 ``invalid_request``).
+    - An encoded slash (``%2F``) in the path: routes match the decoded path, where it would
+      be a separator, so ``/runs/X%2Ffinish`` would finish run X while a proxy in front saw
+      one path segment. No id holds a slash: it names nothing (404 ``not_found``).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -182,7 +185,7 @@ def _refusal(scope: Scope) -> ToolgateError | None:
     for name, value in scope["headers"]:
         if name == b"content-length" and _over_limit(value):
             return _too_large()
-    if "\x00" in scope["path"]:
+    if "\x00" in scope["path"] or b"%2f" in scope.get("raw_path", b"").lower():
         return NotFound("no such resource")
     query: bytes = scope["query_string"]
     if b"%00" in query or b"\x00" in query:

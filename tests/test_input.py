@@ -256,6 +256,18 @@ async def test_a_nul_in_a_path_id_names_nothing(
     assert_problem(response, 404, "not_found")
 
 
+@pytest.mark.parametrize("path", ["/runs/{run}%2Ffinish", "/runs/{run}%2ffinish"])
+async def test_an_encoded_slash_in_a_path_names_nothing(
+    client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection, run_id: str, path: str
+) -> None:
+    """Routes match the decoded path: without the refusal this finished the run, while a
+    proxy in front saw a single segment after ``/runs/``."""
+    path = path.replace("{run}", run_id)
+    response = await client.post(path, json={"status": "completed"}, headers=auth())
+    assert_problem(response, 404, "not_found")
+    assert await db.fetchval("SELECT status FROM runs WHERE id = $1", run_id) == "active"
+
+
 @pytest.mark.parametrize(
     "path",
     [
