@@ -167,6 +167,11 @@ BAD_AUTHORIZATIONS: dict[str, Callable[[], str | None]] = {
     "sub_of_256_characters": lambda: "Bearer " + hs256(claims(sub="é" * 256)),
     "tenant_of_10000_characters": lambda: "Bearer " + hs256(claims(tid="t" * 10_000)),
     "role_of_256_characters": lambda: "Bearer " + hs256(claims(roles=["r" * 256])),
+    # NumericDate is a JSON number (RFC 7519); PyJWT reads these through int()
+    "exp_a_string": lambda: "Bearer " + hs256(claims(exp=str(int(time.time()) + 600))),
+    "exp_true": lambda: "Bearer " + hs256(claims(exp=True, iat=None)),
+    "nbf_a_string": lambda: "Bearer " + hs256(claims(nbf=" 0 ")),
+    "iat_a_string": lambda: "Bearer " + hs256(claims(iat="0")),
 }
 
 

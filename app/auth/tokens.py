@@ -141,6 +141,8 @@ class TokenVerifier:
             raise Unauthenticated("token not yet valid") from None
         except (jwt.PyJWTError, ValueError, TypeError):
             raise Unauthenticated("invalid token") from None
+        if not all(_numeric_date(claims[name]) for name in TIME_CLAIMS if name in claims):
+            raise Unauthenticated("invalid token")
         return self._principal(claims), float(claims["exp"])
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
@@ -157,6 +159,15 @@ class TokenVerifier:
             raise Unauthenticated("token claims are malformed")
         sid = claims.get("sid")
         return Principal(sub, tenant, frozenset(roles), sid if identifier(sid) else None)
+
+
+TIME_CLAIMS = ("exp", "nbf", "iat")
+
+
+def _numeric_date(claim: Any) -> bool:
+    """A JSON number, as RFC 7519 says a time claim is: PyJWT compares them through
+    ``int()``, which also takes a string (``"9999999999"``) or a boolean."""
+    return isinstance(claim, int | float) and not isinstance(claim, bool)
 
 
 MAX_IDENTIFIER = 255
