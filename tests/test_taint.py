@@ -75,6 +75,23 @@ def test_characters_that_render_as_nothing_are_ignored_whatever_their_category(
     assert taint_of({"recipient": spaced}, found) == [("recipient", "call_tx")]
 
 
+@pytest.mark.parametrize(
+    "mark",
+    [
+        "\u0301",  # combining acute accent: "e" + it composes to "é"
+        "\u0308",  # combining diaeresis: "a" + it composes to "ä"
+        "\u20dd",  # combining enclosing circle
+    ],
+)
+def test_marks_added_to_a_copied_value_do_not_hide_it(mark: str) -> None:
+    """An injected text can ask the model to decorate what it copies, and a provider that
+    strips accents then acts on the original value."""
+    marked = "".join(c + mark for c in IBAN)
+    found = recall_of({"call_tx": {"note": NOTE}})
+    assert taint_of({"recipient": marked}, found) == [("recipient", "call_tx")]
+    assert normalized("Zoë Müller") == normalized("Zoe Muller")
+
+
 @pytest.mark.parametrize("other", ["€", "é", "😀", "日本"])
 def test_a_value_in_a_text_with_other_characters_is_still_remembered(other: str) -> None:
     """Whoever writes the injection writes the whole text: one character outside ASCII

@@ -8,11 +8,13 @@ lies in some window the run remembers. That holds when the argument occurs insid
 remembered value, and also when it was pieced together from parts of at least 8 characters
 each, taken from one or several values (a split value).
 
-Normalization (both sides, so case, padding and spacing do not hide a value): NFKC, case
-folding, NFKC again; then every character that is not a letter, mark, digit or symbol is
-dropped (whitespace, punctuation, control and invisible format characters such as a
-zero-width space), and so is every character that renders as nothing (``_INVISIBLE``).
-``DE89 3704-0044.0532 0130 00`` and ``de89370400440532013000`` are one value.
+Normalization (both sides, so case, padding, spacing and accents do not hide a value):
+NFKC, case folding, then NFKD, which takes accents off their letters as combining marks;
+then every character that is not a letter, digit or symbol is dropped (marks, whitespace,
+punctuation, control and invisible format characters such as a zero-width space), and so is
+every character that renders as nothing (``_INVISIBLE``). ``DE89 3704-0044.0532 0130 00``
+and ``de89370400440532013000`` are one value, and so are ``Zoë`` and ``zoe``: a value that
+differs from a remembered one only by its accents counts as copied.
 
 What this cannot see: a value the model transformed (translated, re-encoded, reordered,
 spelled out), parts shorter than 8 characters, and an argument that wraps a remembered value
@@ -29,7 +31,7 @@ from typing import Any
 
 WINDOW = 8
 """Characters per window; also the shortest argument that is judged."""
-_KEPT = ("L", "M", "N", "S")
+_KEPT = ("L", "N", "S")
 """Unicode general categories that survive normalization (by first letter)."""
 
 
@@ -58,12 +60,12 @@ _INVISIBLE = frozenset(
     for code in range(first, last + 1)
 )
 """Unicode's default-ignorable code points, which render as nothing, and the braille
-blank, which renders as a space. Some are letters or marks (a Hangul filler, a variation
-selector, the combining grapheme joiner), so the categories alone would keep them."""
+blank, which renders as a space. Some are letters or symbols (a Hangul filler, the braille
+blank), so the categories alone would keep them."""
 
 
 def normalized(text: str) -> str:
-    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
     return "".join(c for c in folded if unicodedata.category(c)[0] in _KEPT and c not in _INVISIBLE)
 
 
