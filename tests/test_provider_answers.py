@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from app.calls import reconciler
+from app.state import AppState
 from tests.conftest import running_app, serving
 from tests.flows import ALICE, Auth, Flow, new_key
 
@@ -159,3 +160,35 @@ async def test_a_preview_with_a_nul_and_a_large_integer_is_previewed_approved_an
     assert done.json()["status"] == "succeeded"
     assert list(provider.effects.values()) == [1]
     assert await db.fetchval("SELECT count(*) FROM dry_runs") == 1
+
+
+def state_of(flow: Flow) -> AppState:
+    return flow.client._transport.app.state.toolgate  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.mark.parametrize("provider_status", [str(2**32), "true"])
+@pytest.mark.parametrize("by", ["retry", "reconciler"])
+async def test_a_reconciled_status_that_is_no_http_status_is_recorded_as_the_default(
+    odd_flow: Flow, odd: tuple[Odd, str], db: asyncpg.Connection, provider_status: str, by: str
+) -> None:
+    """A reconcile answer's ``provider_status`` that is no HTTP status is as good as none:
+    ``succeeded`` is recorded as 200."""
+    provider = odd[0]
+    provider.status["execute"] = 500
+    key = new_key()
+    first = await odd_flow.execute("make_thing", {"name": "x"}, key)
+    assert (first.status_code, first.json()["status"]) == (504, "unknown"), first.text
+    provider.answers["reconcile"] = (
+        '{"status": "succeeded", "provider_status": ' + provider_status + ', "result": {"id": 1}}'
+    )
+    if by == "retry":
+        retry = await odd_flow.execute("make_thing", {"name": "x"}, key)
+        assert retry.status_code == 200, retry.text
+        assert (retry.json()["status"], retry.json()["provider_status"]) == ("succeeded", 200)
+        assert retry.json()["result"] == {"id": 1}
+    else:
+        await db.execute("UPDATE executions SET updated_at = now() - interval '1 hour'")
+        assert await reconciler.reconcile_stale(state_of(odd_flow)) == 1
+    row = await db.fetchrow("SELECT state, provider_status FROM executions")
+    assert (row["state"], row["provider_status"]) == ("succeeded", 200)
+    assert list(provider.effects.values()) == [1]

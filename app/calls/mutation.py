@@ -110,8 +110,8 @@ class OpenExecution:
             await self.mark_unknown()
             raise self.timeout()
         provider_status = body.get("provider_status")
-        if not isinstance(provider_status, int):
-            provider_status = 200 if body["status"] == "succeeded" else 400
+        if type(provider_status) is not int or not 100 <= provider_status <= 599:
+            provider_status = 200 if body["status"] == "succeeded" else 400  # none usable
         outcome = Response(provider_status, body.get("result"), response.elapsed_ms)
         return await self.finish(outcome, body["status"], "reconciled")
 
