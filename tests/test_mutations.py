@@ -144,8 +144,9 @@ async def test_an_approval_is_single_use(flow: Flow, providers: Providers) -> No
 
 
 async def test_one_approval_used_by_twelve_parallel_executions_has_one_effect(
-    locked_flow: Flow, providers: Providers
+    locked_flow: Flow, providers: Providers, db: asyncpg.Connection
 ) -> None:
+    """Each refusal is recorded, also of those that lost the race only at consumption."""
     flow = locked_flow
     _, approval_id = await flow.approved_refund()
     responses = await asyncio.gather(
@@ -157,6 +158,14 @@ async def test_one_approval_used_by_twelve_parallel_executions_has_one_effect(
     statuses = sorted((r.status_code, r.json().get("code")) for r in responses)
     assert statuses == [(200, None)] + [(409, "approval_consumed")] * 11
     assert await effects(providers) == 1
+    rows = await db.fetch(
+        "SELECT event, code, approval_id FROM audit_events"
+        " WHERE event IN ('executed', 'denied') ORDER BY seq"
+    )
+    assert sorted((r["event"], r["code"]) for r in rows) == [
+        ("denied", "approval_consumed")
+    ] * 11 + [("executed", None)]
+    assert await db.fetchval("SELECT count(*) FROM executions") == 1
 
 
 async def test_twenty_four_parallel_retries_of_one_key_have_one_effect(

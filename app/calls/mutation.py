@@ -401,34 +401,43 @@ class Execution:
         call_id = call_id or new_id("call")
         record = self._new_record(call_id, approval.id if approval else None)
         new_call = existing is None and approval is None
-        async with self.state.db.transaction() as conn:
-            refusal = await recording.admit_to_run(
-                conn,
-                authorized,
-                new_call=approval is None and recording.counts_as_call(existing),
-                cost=tool.cost,
-            )
-            if refusal is not None:
-                await recording.write_denial(
-                    conn, request, call, call_id, refusal, new_call=new_call, deny_call=False
+        try:
+            async with self.state.db.transaction() as conn:
+                refusal = await recording.admit_to_run(
+                    conn,
+                    authorized,
+                    new_call=approval is None and recording.counts_as_call(existing),
+                    cost=tool.cost,
                 )
-            else:
-                if new_call:
-                    row = recording.call_row(
-                        request, call, call_id, authorized.decision, None, "executing"
+                if refusal is not None:
+                    await recording.write_denial(
+                        conn, request, call, call_id, refusal, new_call=new_call, deny_call=False
                     )
-                    claimed = await store.claim(conn, record, row)
                 else:
-                    await store.set_state(conn, call_id, "executing")
-                    claimed = await store.claim(conn, record)
-                if not claimed:
-                    raise IdempotencyInFlight("the original request with this key is still running")
-                if approval is not None and not await approvals.consume(
-                    conn, approval.id, record.operation_id
-                ):
-                    raise ApprovalConsumed("the approval was used by another execution")
-                if rechecked is not None:
-                    await append(conn, rechecked)
+                    if new_call:
+                        row = recording.call_row(
+                            request, call, call_id, authorized.decision, None, "executing"
+                        )
+                        claimed = await store.claim(conn, record, row)
+                    else:
+                        await store.set_state(conn, call_id, "executing")
+                        claimed = await store.claim(conn, record)
+                    if not claimed:
+                        raise IdempotencyInFlight(
+                            "the original request with this key is still running"
+                        )
+                    if approval is not None and not await approvals.consume(
+                        conn, approval.id, record.operation_id
+                    ):
+                        raise ApprovalConsumed("the approval was used by another execution")
+                    if rechecked is not None:
+                        await append(conn, rechecked)
+        except ApprovalConsumed as error:  # lost the race for it: rolled back, and recorded
+            async with self.state.db.transaction() as conn:
+                await recording.write_denial(
+                    conn, request, call, call_id, error, new_call=False, deny_call=False
+                )
+            raise
         if refusal is not None:
             raise refusal
         telemetry.decided(authorized, call_id, quiet=True)
