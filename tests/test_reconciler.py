@@ -263,3 +263,50 @@ async def test_a_pass_leaves_alone_a_key_at_work_and_runs_one_at_a_time(
         assert len(await sent(providers, "POST", REFUNDS)) == 1
     finally:
         await db.close()
+
+
+async def test_a_record_whose_resolution_fails_is_postponed_and_the_pass_goes_on(
+    lone_app: httpx.AsyncClient,
+    lone_database: str,
+    auth: Auth,
+    providers: Providers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One record that fails unexpectedly (a bug, an answer nothing foresaw) must not stop
+    every later pass at the same place: it goes to the back of the queue, and the records
+    after it are still resolved."""
+    flow = Flow(lone_app, auth)
+    state = state_of(lone_app)
+    db = await asyncpg.connect(lone_database)
+    try:
+        await unknown_record(flow, providers, "create_ticket")
+        await unknown_record(flow, providers, "create_ticket")
+        await db.execute("UPDATE executions SET state = 'in_flight'")
+        poison, healthy = await db.fetch(
+            "SELECT operation_id FROM executions ORDER BY operation_id"
+        )
+        for age, row in (("2 hours", poison), ("1 hour", healthy)):
+            await db.execute(
+                f"UPDATE executions SET updated_at = now() - interval '{age}'"
+                " WHERE operation_id = $1",
+                row["operation_id"],
+            )
+        opened = reconciler._opened
+
+        def failing(*args: Any) -> mutation.OpenExecution:
+            if args[3].operation_id == poison["operation_id"]:
+                raise RuntimeError("a record nothing foresaw")
+            return opened(*args)
+
+        monkeypatch.setattr(reconciler, "_opened", failing)
+        assert await reconciler.reconcile_stale(state) == 2
+        states = dict(await db.fetch("SELECT operation_id, state FROM executions"))
+        assert states == {poison["operation_id"]: "in_flight", healthy["operation_id"]: "unknown"}
+        assert await db.fetchval(
+            "SELECT updated_at > now() - interval '1 minute' FROM executions"
+            " WHERE operation_id = $1",
+            poison["operation_id"],
+        ), "the failing record is postponed"
+        assert len(await sent(providers, "POST", TICKETS)) == 2
+    finally:
+        await db.close()

@@ -25,7 +25,8 @@ that may have happened. A pass every ``EVERY_S`` asks the provider about such re
   held open across a provider call. If the connection dies, PostgreSQL releases the lock.
 - **Bounded.** At most ``BATCH`` records per pass, least recently changed first; a record
   left open is postponed by a whole stale period (its ``updated_at`` moves), so records no
-  answer resolves do not starve the rest.
+  answer resolves do not starve the rest. So is one whose resolution fails unexpectedly:
+  it is logged, and the pass goes on to the next.
 """
 
 from __future__ import annotations
@@ -78,7 +79,14 @@ async def reconcile_stale(state: AppState) -> int | None:
         async with state.db.connection() as conn:
             records = await store.stale_executions(conn, stale_s, BATCH)
         for record in records:
-            await _resolve(state, catalog, record)
+            try:
+                await _resolve(state, catalog, record)
+            except Unavailable:
+                raise  # the database or locks: the pass stops, and the next one retries
+            except Exception:
+                log.exception("reconciling %s failed; postponed", record.operation_id)
+                async with state.db.connection() as conn:
+                    await store.postpone(conn, record.operation_id)
     return len(records)
 
 
