@@ -39,10 +39,18 @@ DEFAULT_MAX_BYTES = 1 << 20
 cannot make a worker buffer an unbounded body."""
 
 
+MAX_DEPTH = 128
+"""How deeply a body may nest to be read as JSON. toolgate carries a provider's body inside
+its own answers and records, and orjson writes no more than 254 levels (nor does Python's
+recursion limit allow copying or hashing much deeper), so a deeper body is not JSON here,
+just as orjson itself refuses one past 1024 levels."""
+
+
 class Response(NamedTuple):
     status: int
     body: Any
-    """Parsed JSON, or ``None`` when the body was empty or not JSON."""
+    """Parsed JSON, or ``None`` when the body was empty, not JSON, or nested deeper than
+    ``MAX_DEPTH``."""
     elapsed_ms: float
 
 
@@ -107,11 +115,35 @@ class Outbound:
             raise NotSent(f"{type(exc).__name__}: {exc}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise Uncertain(f"{type(exc).__name__}: {exc}") from exc
-        try:
-            body = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            body = None
-        return Response(status, body, (time.perf_counter() - started) * 1000)
+        return Response(status, _parsed(raw), (time.perf_counter() - started) * 1000)
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        body = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return None
+    # Only a body with more brackets than MAX_DEPTH can nest deeper: most are never walked.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _deeper_than(body, MAX_DEPTH):
+        return None
+    return body
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than ``limit`` levels (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 async def _read(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:

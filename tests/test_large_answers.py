@@ -4,6 +4,9 @@ The provider here streams 50 MB; the test process's peak RSS (which the app shar
 grow by anything near that. A read, a dry-run or an owner lookup answered that way is an
 outage (502); a mutation's answer is an unknown outcome (504 with the operation id), which
 the provider's reconcile endpoint resolves.
+
+An answer nested deeper than toolgate can carry through its own answers and records is, like
+one that is not JSON, a ``null`` body: the call is recorded and answered, never a 500.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from tests.flows import Auth, Flow, new_key
 HUGE = 50 * 1024 * 1024
 CHUNK = b" " * 65536
 MiB = 1024 * 1024
+DEPTHS = [300, 600]
+"""Past what orjson writes (254 levels), and past what Python's recursion limit walks."""
 
 CATALOG = """
 version: "large-1"
@@ -62,6 +67,19 @@ tools:
       required: [blob_id]
       properties:
         blob_id: {type: string, x-resource: blob}
+  read_deep:
+    mutation: false
+    provider: huge
+    execute: {method: GET, path: /deep}
+    access: {roles: [support]}
+    parameters: &deep {type: object, required: [depth], properties: {depth: {type: integer}}}
+  write_deep:
+    mutation: true
+    provider: huge
+    execute: {method: POST, path: /deep}
+    impact: low
+    access: {roles: [support]}
+    parameters: *deep
   write_blob:
     mutation: true
     provider: huge
@@ -116,6 +134,18 @@ async def large_url() -> AsyncIterator[tuple[str, Counter[str]]]:
         summary = {"id": "blob_1", "status": "stored"}
         return web.json_response({"status": "succeeded", "provider_status": 201, "result": summary})
 
+    async def deep(request: web.Request) -> web.Response:
+        if request.method == "GET":
+            depth = int(request.query["depth"])
+        else:
+            depth = (await request.json())["depth"]
+            key = request.headers["Idempotency-Key"]
+            if key not in operations:
+                operations.add(key)
+                effects[request.path] += 1
+        nested = b"[" * depth + b"]" * depth
+        return web.Response(body=b'{"tree": ' + nested + b"}", content_type="application/json")
+
     async def sized(request: web.Request) -> web.StreamResponse:
         return await stream(request, 2 * MiB)
 
@@ -126,6 +156,8 @@ async def large_url() -> AsyncIterator[tuple[str, Counter[str]]]:
     app.router.add_post("/blob", write)
     app.router.add_get("/blob/operations/{operation_id}", reconcile)
     app.router.add_get("/sized", sized)
+    app.router.add_get("/deep", deep)
+    app.router.add_post("/deep", deep)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -229,3 +261,33 @@ async def test_max_response_bytes_raises_the_limit_for_one_provider(large: Flow)
     response = await large.execute("read_roomy", {}, None)
     assert response.status_code == 200, response.text
     assert response.json()["provider_status"] == 200
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+async def test_a_mutation_answered_with_a_deeply_nested_body_is_recorded_once_with_a_null_result(
+    large: Flow, large_url: tuple[str, Counter[str]], db: asyncpg.Connection, depth: int
+) -> None:
+    """The provider acted: the answer says so (not a 500 that hides the operation, after
+    which an agent would try again under a new key), and a retry replays it."""
+    effects = large_url[1]
+    key = new_key()
+    first = await large.execute("write_deep", {"depth": depth}, key)
+    assert first.status_code == 200, first.text
+    assert (first.json()["status"], first.json()["result"]) == ("succeeded", None)
+    retry = await large.execute("write_deep", {"depth": depth}, key)
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["replayed"] is True
+    assert effects["/deep"] == 1
+    assert await db.fetchval("SELECT state FROM executions") == "succeeded"
+    rows = await db.fetch("SELECT event FROM audit_events ORDER BY seq")
+    assert [r["event"] for r in rows] == ["executed", "replayed"]
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+async def test_a_read_answered_with_a_deeply_nested_body_is_recorded_with_a_null_result(
+    large: Flow, db: asyncpg.Connection, depth: int
+) -> None:
+    response = await large.execute("read_deep", {"depth": depth}, None)
+    assert response.status_code == 200, response.text
+    assert (response.json()["status"], response.json()["result"]) == ("succeeded", None)
+    assert await db.fetchval("SELECT state FROM calls") == "succeeded"
