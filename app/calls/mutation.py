@@ -341,9 +341,18 @@ class Execution:
         return record
 
     async def _replay(self, record: ExecutionRow) -> Answer:
+        """The stored answer again. Replayed to a call of a run, it is a result that run is
+        told (the key may have been first used in another run, or none): the run remembers
+        its strings, as it would have on the first send (a run remembering them already adds
+        nothing)."""
         assert record.response is not None  # a finished record stores its answer
         authorized = self.authorized
+        result = record.response.get("result")
         async with self.state.db.transaction() as conn:
+            if authorized.run_id is not None and result is not None:
+                await runs.remember(
+                    conn, authorized.run_id, record.call_id, result, authorized.call.arguments
+                )
             await append(
                 conn,
                 recording.audit_event(
