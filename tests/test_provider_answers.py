@@ -1,5 +1,6 @@
 """Provider answers that JSON allows but PostgreSQL or RFC 8785 do not take as they are: a
-NUL in a text, an integer beyond ±(2**53-1), a ``provider_status`` that is no HTTP status.
+NUL in a text, an integer beyond ±(2**53-1), a ``provider_status`` that is no HTTP status of
+its outcome.
 A mutation answered that way ran once; toolgate must store and answer its outcome (or, when
 it cannot, the 504 of an unknown outcome), never a 500, and a preview answered that way is
 still a preview."""
@@ -166,12 +167,13 @@ def state_of(flow: Flow) -> AppState:
     return flow.client._transport.app.state.toolgate  # type: ignore[attr-defined,no-any-return]
 
 
-@pytest.mark.parametrize("provider_status", [str(2**32), "true"])
+@pytest.mark.parametrize("provider_status", [str(2**32), "true", "404"])
 @pytest.mark.parametrize("by", ["retry", "reconciler"])
 async def test_a_reconciled_status_that_is_no_http_status_is_recorded_as_the_default(
     odd_flow: Flow, odd: tuple[Odd, str], db: asyncpg.Connection, provider_status: str, by: str
 ) -> None:
-    """A reconcile answer's ``provider_status`` that is no HTTP status is as good as none:
+    """A reconcile answer's ``provider_status`` that is no HTTP status of the outcome it
+    reports (too large for any status, not a number, a 4xx success) is as good as none:
     ``succeeded`` is recorded as 200."""
     provider = odd[0]
     provider.status["execute"] = 500

@@ -110,8 +110,9 @@ class OpenExecution:
             await self.mark_unknown()
             raise self.timeout()
         provider_status = body.get("provider_status")
-        if type(provider_status) is not int or not 100 <= provider_status <= 599:
-            provider_status = 200 if body["status"] == "succeeded" else 400  # none usable
+        if type(provider_status) is not int or classify(provider_status) != body["status"]:
+            # none, or not an HTTP status of that outcome (a boolean, 2**32, a 4xx success)
+            provider_status = 200 if body["status"] == "succeeded" else 400
         outcome = Response(provider_status, body.get("result"), response.elapsed_ms)
         return await self.finish(outcome, body["status"], "reconciled")
 
