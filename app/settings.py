@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MIN_SECRET_BYTES = 32
+MAX_TTL_S = 10 * 365 * 86400
+"""Ten years: far beyond any retry, and ``now`` plus it stays a date Python can hold."""
 
 
 class ConfigError(Exception):
@@ -86,8 +88,11 @@ class Settings:
                 "longest"
             )
         ttl = get("IDEMPOTENCY_TTL_S") or "86400"
-        if not ttl.isdigit() or int(ttl) <= 0:
-            raise ConfigError("TOOLGATE_IDEMPOTENCY_TTL_S must be a positive number of seconds")
+        if not (ttl.isascii() and ttl.isdigit()) or not 0 < int(ttl) <= MAX_TTL_S:
+            raise ConfigError(
+                "TOOLGATE_IDEMPOTENCY_TTL_S must be a positive number of seconds, at most "
+                f"{MAX_TTL_S} (ten years)"
+            )
         return cls(
             catalog_path=Path(get("CATALOG") or "catalog/"),
             database_url=get("DATABASE_URL"),

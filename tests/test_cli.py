@@ -187,6 +187,16 @@ async def test_serve_refuses_both_a_secret_and_a_jwks_url(database_url: str) -> 
     await refuses_to_serve(env, "exactly one")
 
 
+@pytest.mark.parametrize("ttl", ["0", "-5", "1e3", "\u00b2", "300000000000"])
+async def test_serve_refuses_an_idempotency_ttl_that_is_not_a_usable_number_of_seconds(
+    database_url: str, ttl: str
+) -> None:
+    """A superscript digit passes ``str.isdigit`` but not ``int``; a TTL past the year 9999
+    cannot be added to now, which failed every mutation with a 500 instead of the start."""
+    env = serve_env(database_url, TOOLGATE_IDEMPOTENCY_TTL_S=ttl)
+    await refuses_to_serve(env, "TOOLGATE_IDEMPOTENCY_TTL_S")
+
+
 async def test_a_refused_start_does_not_leak_the_outbound_client_session(
     database_url: str,
 ) -> None:
