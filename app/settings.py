@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MIN_SECRET_BYTES = 32
+MAX_DAYS = 36500
+"""A hundred years of retention: ``now`` minus it stays a date Python can hold."""
 MAX_TTL_S = 10 * 365 * 86400
 """Ten years: far beyond any retry, and ``now`` plus it stays a date Python can hold."""
 
@@ -157,8 +159,10 @@ class Settings:
 def _days(name: str, value: str | None, default: int) -> int:
     if value is None:
         return default
-    if not (value.isascii() and value.isdigit()):
-        raise ConfigError(f"{name} must be a whole number of days (0 keeps everything)")
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_DAYS:
+        raise ConfigError(
+            f"{name} must be a whole number of days, at most {MAX_DAYS} (0 keeps everything)"
+        )
     return int(value)
 
 

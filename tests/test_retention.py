@@ -164,6 +164,10 @@ async def test_audit_rows_are_kept_by_default(
         ({"TOOLGATE_RETENTION_DAYS": "0", "TOOLGATE_AUDIT_RETENTION_DAYS": "400"}, "longest"),
         ({"TOOLGATE_RETENTION_DAYS": "ninety"}, "whole number of days"),
         ({"TOOLGATE_WEBHOOK_RETENTION_DAYS": "-1"}, "whole number of days"),
+        # now minus these is before the year 1: every pass would fail, nothing would expire
+        ({"TOOLGATE_RETENTION_DAYS": "1000000"}, "whole number of days"),
+        ({"TOOLGATE_AUDIT_RETENTION_DAYS": "1000000"}, "whole number of days"),
+        ({"TOOLGATE_WEBHOOK_RETENTION_DAYS": "99999999999"}, "whole number of days"),
     ],
 )
 def test_retention_settings_that_would_lose_the_audit_trail_first_are_refused(
