@@ -66,6 +66,11 @@ class Settings:
 
         def get(name: str) -> str | None:
             value = env.get(f"TOOLGATE_{name}", "").strip()
+            if not value.isascii():  # bytes that are not UTF-8 arrive as lone surrogates
+                try:
+                    value.encode()
+                except UnicodeEncodeError:
+                    raise ConfigError(f"TOOLGATE_{name} is not valid UTF-8") from None
             return value or None
 
         secret, public_key, jwks_url = get("JWT_SECRET"), get("JWT_PUBLIC_KEY"), get("JWKS_URL")

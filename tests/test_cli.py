@@ -197,6 +197,15 @@ async def test_serve_refuses_an_idempotency_ttl_that_is_not_a_usable_number_of_s
     await refuses_to_serve(env, "TOOLGATE_IDEMPOTENCY_TTL_S")
 
 
+@pytest.mark.parametrize("variable", ["TOOLGATE_JWT_SECRET", "TOOLGATE_DATABASE_URL"])
+async def test_serve_refuses_a_value_that_is_not_utf8(database_url: str, variable: str) -> None:
+    """The byte 0xff reaches Python as a lone surrogate, which no encoder takes: the
+    secret's length check and asyncpg both crashed with a traceback."""
+    env = serve_env(database_url)
+    env[variable] = "\udcff" + env[variable]
+    await refuses_to_serve(env, variable, "UTF-8")
+
+
 async def test_a_refused_start_does_not_leak_the_outbound_client_session(
     database_url: str,
 ) -> None:
