@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 MIN_SECRET_BYTES = 32
 MAX_DAYS = 36500
@@ -102,9 +103,9 @@ class Settings:
             )
         return cls(
             catalog_path=Path(get("CATALOG") or "catalog/"),
-            database_url=get("DATABASE_URL"),
+            database_url=_url("TOOLGATE_DATABASE_URL", get("DATABASE_URL")),
             data_dir=Path(get("DATA_DIR") or ".toolgate"),
-            redis_url=get("REDIS_URL"),
+            redis_url=_url("TOOLGATE_REDIS_URL", get("REDIS_URL"), ("redis", "rediss", "unix")),
             redis_prefix=get("REDIS_PREFIX") or "toolgate:",
             jwt_secret=secret,
             jwt_public_key_file=_path(public_key),
@@ -187,6 +188,21 @@ def _origins(value: str | None) -> tuple[str, ...]:
                 " https://console.example.com (exact origins only; '*' is not allowed)"
             )
     return origins
+
+
+def _url(name: str, value: str | None, schemes: tuple[str, ...] = ()) -> str | None:
+    """A URL the standard parser reads, port included, and of one of ``schemes`` when
+    given; the message never holds the URL, whose password is a secret."""
+    if value is None:
+        return None
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises on a port that is not a number in range
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not a valid URL: {exc}") from None
+    if schemes and parts.scheme not in schemes:
+        raise ConfigError(f"{name} must be a {', '.join(s + '://' for s in schemes)} URL")
+    return value
 
 
 def _path(value: str | None) -> Path | None:

@@ -206,6 +206,22 @@ async def test_serve_refuses_a_value_that_is_not_utf8(database_url: str, variabl
     await refuses_to_serve(env, variable, "UTF-8")
 
 
+@pytest.mark.parametrize(
+    ("variable", "url"),
+    [
+        ("TOOLGATE_DATABASE_URL", "postgresql://127.0.0.1:99999/toolgate"),
+        ("TOOLGATE_DATABASE_URL", "postgresql://[bad/toolgate"),
+        ("TOOLGATE_REDIS_URL", "redis://127.0.0.1:99999/0"),
+        ("TOOLGATE_REDIS_URL", "http://127.0.0.1:6379/0"),
+    ],
+)
+async def test_serve_refuses_a_malformed_database_or_redis_url(
+    database_url: str, variable: str, url: str
+) -> None:
+    """These crashed serve with a ValueError traceback (from the URL parser, or redis-py)."""
+    await refuses_to_serve(serve_env(database_url, **{variable: url}), variable)
+
+
 async def test_a_refused_start_does_not_leak_the_outbound_client_session(
     database_url: str,
 ) -> None:
