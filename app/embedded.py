@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import IO
+from urllib.parse import quote
 
 from app.settings import ConfigError
 
@@ -86,7 +87,9 @@ class EmbeddedPostgres:
         return self.data_dir / "postgres"
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@/{database}?host={self.pgdata}"
+        """The socket directory goes in the query, quoted: a data dir may hold ``#``, ``&``,
+        ``%`` or spaces."""
+        return f"postgresql://postgres@/{database}?host={quote(str(self.pgdata))}"
 
     def start(self) -> str:
         """Initialize the cluster if needed and make sure its server runs; its URL."""

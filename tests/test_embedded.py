@@ -144,6 +144,25 @@ async def test_a_stale_pid_file_naming_a_live_process_does_not_block_a_start(
     assert not pid_file.exists()
 
 
+async def test_a_data_dir_whose_name_holds_url_characters_is_usable(data_dir: Path) -> None:
+    """The store's URL carries the socket directory in its query: '#' ended the URL there,
+    '&' the parameter, and '%41' was read as 'A', so the store was unreachable."""
+    odd = data_dir.parent / "a b#c&d%41"
+    command = [sys.executable, "-m", "app.cli", "migrate"]
+    for expected in ("applied: 0001", "schema is up to date"):
+        result = await asyncio.to_thread(
+            subprocess.run,
+            command,
+            cwd=ROOT,
+            env=newcomer_env(odd),
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+        assert expected in result.stdout
+    assert not (odd / "postgres" / "postmaster.pid").exists(), "migrate stops what it started"
+
+
 async def test_demo_serves_a_newcomer_and_sigterm_stops_the_whole_tree(data_dir: Path) -> None:
     port, providers = free_port(), free_port()
     env = newcomer_env(data_dir, DEMO_PROVIDERS_URL=f"http://127.0.0.1:{providers}")
