@@ -111,8 +111,8 @@ class EmbeddedPostgres:
                 self.adopted = True
             else:
                 self._start(user)
-        except BaseException:
-            self._release_lock()
+        except BaseException:  # a signal too: pg_ctl's server runs on in a session of its own
+            self.stop()
             raise
         return self.url()
 

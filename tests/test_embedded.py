@@ -144,6 +144,30 @@ async def test_a_stale_pid_file_naming_a_live_process_does_not_block_a_start(
     assert not pid_file.exists()
 
 
+async def test_sigterm_while_the_store_starts_stops_it(data_dir: Path) -> None:
+    """pg_ctl runs the server in a session of its own, so a signal that interrupts the
+    start (SIGTERM, or Ctrl-C to the terminal's process group) never reaches it: the
+    command exited and left the server running."""
+    env = newcomer_env(data_dir)
+    made = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "app.cli", "migrate"], cwd=ROOT, env=env
+    )
+    assert made.returncode == 0
+    pid_file = data_dir / "postgres" / "postmaster.pid"
+    migrate = start("migrate", env=env)
+    deadline = time.monotonic() + 30
+    while not pid_file.exists():
+        assert migrate.poll() is None, migrate.communicate()[1]
+        assert time.monotonic() < deadline, "the store did not start"
+        await asyncio.sleep(0.005)
+    migrate.send_signal(signal.SIGTERM)
+    stdout, _ = await asyncio.to_thread(migrate.communicate, timeout=30)
+    assert "schema is up to date" not in stdout, "the signal came after the start"
+    await asyncio.sleep(1)  # a server left running has written its pid file by now
+    if pid_file.exists():
+        assert await gone(int(pid_file.read_text().split()[0])), "the server outlived migrate"
+
+
 async def test_a_data_dir_whose_name_holds_url_characters_is_usable(data_dir: Path) -> None:
     """The store's URL carries the socket directory in its query: '#' ended the URL there,
     '&' the parameter, and '%41' was read as 'A', so the store was unreachable."""
