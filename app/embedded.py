@@ -251,11 +251,15 @@ class EmbeddedPostgres:
             utils.ensure_folder_permissions(binaries, readable | stat.S_IXGRP | stat.S_IXOTH)
             utils.ensure_folder_permissions(binaries.parent / "lib", readable)
             os.chown(staging, account.pw_uid, account.pw_gid)
-        package.initdb(
-            ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"],
-            pgdata=staging,
-            user=user,
-        )
+        try:
+            package.initdb(
+                ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"],
+                pgdata=staging,
+                user=user,
+            )
+        except subprocess.CalledProcessError as exc:  # the package has logged its output
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ConfigError(f"embedded PostgreSQL: initdb failed in {self.data_dir}") from exc
         staging.rename(self.pgdata)  # over an empty directory too
         _sync_directory(self.data_dir)
         log.info("embedded PostgreSQL initialized in %s", self.pgdata)

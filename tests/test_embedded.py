@@ -202,6 +202,24 @@ async def test_a_first_start_killed_during_initdb_does_not_break_the_store(
     assert "applied: 0001" in second.stdout
 
 
+async def test_a_data_dir_initdb_refuses_is_a_clear_error(data_dir: Path) -> None:
+    """PostgreSQL refuses a newline in its data directory's path; initdb's failure ended
+    the command with a CalledProcessError traceback."""
+    refused = data_dir.parent / "new\nline"
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "app.cli", "migrate"],
+        cwd=ROOT,
+        env=newcomer_env(refused),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "toolgate: embedded PostgreSQL: initdb failed" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert not (refused / "postgres").exists()
+
+
 async def test_a_data_dir_whose_name_holds_url_characters_is_usable(data_dir: Path) -> None:
     """The store's URL carries the socket directory in its query: '#' ended the URL there,
     '&' the parameter, and '%41' was read as 'A', so the store was unreachable."""
