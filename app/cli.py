@@ -55,6 +55,19 @@ embedded PostgreSQL in the data dir (default ./.toolgate), created and migrated
 on first use and stopped by the command that started it."""
 
 
+def _port(value: str) -> int:
+    """1 to 65535: the socket layer would take 99999 as 34463 (modulo 65536), silently."""
+    if not (value.isascii() and value.isdigit() and 0 < int(value) < 65536):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port (1-65535)")
+    return int(value)
+
+
+def _workers(value: str) -> int:
+    if not (value.isascii() and value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of workers (1 or more)")
+    return int(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toolgate",
@@ -80,8 +93,8 @@ def _parser() -> argparse.ArgumentParser:
         "unusable key, or a database that is unreachable or not migrated.",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
-    serve.add_argument("--port", type=int, default=8080, help="port to listen on (%(default)s)")
-    serve.add_argument("--workers", type=int, default=1, help="worker processes (%(default)s)")
+    serve.add_argument("--port", type=_port, default=8080, help="port to listen on (%(default)s)")
+    serve.add_argument("--workers", type=_workers, default=1, help="worker processes (%(default)s)")
     commands.add_parser(
         "migrate",
         help="apply the SQL migrations",
@@ -120,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         "listen on DEMO_PROVIDERS_URL (default http://127.0.0.1:9100).",
     )
     demo.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
-    demo.add_argument("--port", type=int, default=8080, help="port to listen on (%(default)s)")
+    demo.add_argument("--port", type=_port, default=8080, help="port to listen on (%(default)s)")
     demo.add_argument("--data-dir", dest="demo_data_dir", help="the embedded store's directory")
     audit = commands.add_parser("audit", help="the audit trail")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)

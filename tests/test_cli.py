@@ -222,6 +222,21 @@ async def test_serve_refuses_a_malformed_database_or_redis_url(
     await refuses_to_serve(serve_env(database_url, **{variable: url}), variable)
 
 
+@pytest.mark.parametrize(
+    "args", [("--port", "99999"), ("--port", "-1"), ("--workers", "0"), ("--workers", "-3")]
+)
+async def test_serve_refuses_a_port_or_worker_count_out_of_range(
+    database_url: str, args: tuple[str, str]
+) -> None:
+    """--port 99999 listened on 34463 (99999 mod 65536) while logging 99999; no workers
+    started one anyway."""
+    result = await run("serve", *args, env=serve_env(database_url), timeout=SERVE_TIMEOUT_S)
+    assert result.returncode == 2, result.stderr
+    assert f"argument {args[0]}" in result.stderr
+    assert "Uvicorn running" not in result.stderr
+    assert not listening(34463)
+
+
 async def test_a_refused_start_does_not_leak_the_outbound_client_session(
     database_url: str,
 ) -> None:
