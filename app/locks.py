@@ -47,6 +47,10 @@ return 0
 
 POOL_SIZE = 10
 """Advisory locks held at once per process; more holders wait for a connection."""
+TIMEOUT_S = 2.0
+"""How long a connection to Redis, or one command on it, may take: a lock is one short
+command, and a Redis that stops answering (hung, or its route dropped) must make a request
+fail closed at once rather than wait as long as the kernel keeps a connection."""
 
 
 class Locks:
@@ -54,7 +58,16 @@ class Locks:
 
     def __init__(self, redis_url: str | None, prefix: str, database_url: str) -> None:
         reconnect = Retry(NoBackoff(), retries=1, supported_errors=(Disconnected,))
-        self._redis = redis.Redis.from_url(redis_url, retry=reconnect) if redis_url else None
+        self._redis = (
+            redis.Redis.from_url(
+                redis_url,
+                retry=reconnect,
+                socket_timeout=TIMEOUT_S,
+                socket_connect_timeout=TIMEOUT_S,
+            )
+            if redis_url
+            else None
+        )
         self._release_script = self._redis.register_script(_RELEASE) if self._redis else None
         self._prefix = prefix
         self._db = None if self._redis else Database(database_url)

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from app.errors import Unavailable
+from app.locks import TIMEOUT_S as LOCKS_TIMEOUT_S
 from app.locks import Locks
 
 
@@ -71,3 +73,33 @@ async def test_many_parallel_holders_of_one_name_get_it_once(
     await asyncio.sleep(0.5)
     gate.set()
     assert sorted(await asyncio.gather(*tasks)) == [False] * 15 + [True]
+
+
+async def test_a_redis_that_stops_answering_is_unavailable_within_seconds() -> None:
+    """A lock server that takes connections and never answers (a hung Redis, a dropped
+    route): taking a lock must fail closed soon, and readiness say no, not wait forever."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    locks = Locks(f"redis://127.0.0.1:{port}/0", "", "postgresql://unused")
+    try:
+        started = asyncio.get_running_loop().time()
+
+        async def take() -> None:
+            async with asyncio.timeout(20), locks.hold("idem:d", 5):
+                pass
+
+        with pytest.raises(Unavailable):
+            await take()
+        async with asyncio.timeout(20):
+            assert await locks.ping() is False
+        assert asyncio.get_running_loop().time() - started < 3 * LOCKS_TIMEOUT_S + 1
+    finally:
+        await locks.close()
+        server.close()
+        await server.wait_closed()
