@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from jwt.algorithms import get_default_algorithms
+
 MIN_SECRET_BYTES = 32
 MAX_DAYS = 36500
 """A hundred years of retention: ``now`` minus it stays a date Python can hold."""
@@ -140,6 +142,9 @@ class Settings:
             raise ConfigError("TOOLGATE_JWT_ALGORITHMS must not contain 'none'")
         if not self.jwt_algorithms:
             raise ConfigError("TOOLGATE_JWT_ALGORITHMS is empty")
+        unknown = sorted(set(self.jwt_algorithms) - get_default_algorithms().keys())
+        if unknown:
+            raise ConfigError(f"TOOLGATE_JWT_ALGORITHMS: unknown algorithm {', '.join(unknown)}")
         hmac = {a for a in self.jwt_algorithms if a.startswith("HS")}
         if self.jwt_secret is not None:
             if len(self.jwt_secret.encode()) < MIN_SECRET_BYTES:

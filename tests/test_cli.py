@@ -182,6 +182,15 @@ async def test_serve_refuses_a_short_secret(database_url: str) -> None:
     )
 
 
+@pytest.mark.parametrize("algorithms", ["HS999", "HS256,hs512"])
+async def test_serve_refuses_an_algorithm_it_does_not_know(
+    database_url: str, algorithms: str
+) -> None:
+    """Such a list verified no token at all: every call was refused, and nothing said why."""
+    env = serve_env(database_url, TOOLGATE_JWT_ALGORITHMS=algorithms)
+    await refuses_to_serve(env, "TOOLGATE_JWT_ALGORITHMS", "unknown algorithm")
+
+
 async def test_serve_refuses_both_a_secret_and_a_jwks_url(database_url: str) -> None:
     env = serve_env(database_url, TOOLGATE_JWKS_URL="http://127.0.0.1:9/jwks.json")
     await refuses_to_serve(env, "exactly one")
