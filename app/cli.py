@@ -368,6 +368,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
 
     from app.audit import checkpoints, sealer
     from app.catalog.loader import CatalogError
+    from app.demo import DEMO_SECRET
     from app.errors import Unavailable
     from app.logs import log_config
     from app.main import close_state, open_state
@@ -380,6 +381,11 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         log.info("locks: Redis at %s", _where(settings.redis_url))
     else:
         log.info("locks: PostgreSQL advisory locks (TOOLGATE_REDIS_URL is not set)")
+    if settings.jwt_secret == DEMO_SECRET:
+        log.warning(
+            "TOOLGATE_JWT_SECRET is the published demo secret: anyone can sign a token for"
+            " any user, tenant and role; set a secret of your own outside the demo"
+        )
     try:
         checkpoints.signing_key(settings)
         asyncio.run(preflight())

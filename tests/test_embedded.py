@@ -91,6 +91,7 @@ async def test_serve_without_a_database_url_runs_the_embedded_store_and_sigterm_
         stderr = await stop(serve, signal.SIGTERM)
     assert f"store: embedded PostgreSQL in {data_dir.resolve()}/postgres" in stderr
     assert "locks: PostgreSQL advisory locks" in stderr
+    assert "demo secret" not in stderr
     assert await gone(server), "the embedded PostgreSQL outlived serve"
     assert not (data_dir / "postgres" / "postmaster.pid").exists()
 
@@ -269,6 +270,7 @@ async def test_demo_serves_a_newcomer_and_sigterm_stops_the_whole_tree(data_dir:
         stderr = await stop(demo, signal.SIGTERM)
     assert demo.returncode == 0, stderr
     assert "locks: PostgreSQL advisory locks" in stderr
+    assert "TOOLGATE_JWT_SECRET is the published demo secret" in stderr
     assert await gone(server), "the embedded PostgreSQL outlived the demo"
     for child in started:
         assert await gone(child), "a child of the demo outlived it"
