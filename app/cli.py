@@ -388,6 +388,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         )
     try:
         checkpoints.signing_key(settings)
+        settings.check_audit_paths()
         asyncio.run(preflight())
     except CatalogError as exc:
         raise ConfigError(f"invalid catalog:\n{exc}") from None

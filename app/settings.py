@@ -156,6 +156,28 @@ class Settings:
         if self.jwt_public_key_file is not None and not self.jwt_public_key_file.is_file():
             raise ConfigError(f"TOOLGATE_JWT_PUBLIC_KEY: no such file {self.jwt_public_key_file}")
 
+    def check_audit_paths(self) -> None:
+        """Refuse an audit archive directory or checkpoint file that cannot be written: a
+        start would look fine, then every month would be kept, or every checkpoint go to the
+        log only, each pass logging an error."""
+        checkpoints = self.audit_checkpoint_file
+        if (
+            checkpoints is not None
+            and checkpoints.exists()
+            and not (checkpoints.is_file() and os.access(checkpoints, os.W_OK))
+        ):
+            raise ConfigError(
+                f"TOOLGATE_AUDIT_CHECKPOINT_FILE: {checkpoints} is not a file to write"
+            )
+        for name, directory in (
+            ("TOOLGATE_AUDIT_ARCHIVE_DIR", self.audit_archive_dir),
+            ("TOOLGATE_AUDIT_CHECKPOINT_FILE", checkpoints.parent if checkpoints else None),
+        ):
+            if directory is not None and not (
+                directory.is_dir() and os.access(directory, os.W_OK | os.X_OK)
+            ):
+                raise ConfigError(f"{name}: {directory} is not a directory toolgate can write in")
+
     def check_database(self) -> str:
         if not self.database_url:
             raise ConfigError(

@@ -191,6 +191,26 @@ async def test_serve_refuses_an_algorithm_it_does_not_know(
     await refuses_to_serve(env, "TOOLGATE_JWT_ALGORITHMS", "unknown algorithm")
 
 
+@pytest.mark.parametrize(
+    ("variable", "where"),
+    [
+        ("TOOLGATE_AUDIT_ARCHIVE_DIR", "missing"),
+        ("TOOLGATE_AUDIT_ARCHIVE_DIR", "a_file"),
+        ("TOOLGATE_AUDIT_CHECKPOINT_FILE", "missing/checkpoints.jsonl"),
+        ("TOOLGATE_AUDIT_CHECKPOINT_FILE", "a_dir"),
+    ],
+)
+async def test_serve_refuses_an_audit_path_it_cannot_write(
+    database_url: str, tmp_path: Path, variable: str, where: str
+) -> None:
+    """Such a start looked fine; then no month was ever archived and removed, or no
+    checkpoint written, with an error in the log at every pass."""
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "a_dir").mkdir()
+    env = serve_env(database_url, **{variable: str(tmp_path / where)})
+    await refuses_to_serve(env, variable)
+
+
 async def test_serve_refuses_both_a_secret_and_a_jwks_url(database_url: str) -> None:
     env = serve_env(database_url, TOOLGATE_JWKS_URL="http://127.0.0.1:9/jwks.json")
     await refuses_to_serve(env, "exactly one")
