@@ -365,6 +365,23 @@ CASES: dict[str, Case] = {
             "non_ascii": "http://127.0.0.1:9/\u00fc",
         }.items()
     },
+    # A name every tool-calling format accepts (OpenAI's and Anthropic's rule is the
+    # narrowest): one that /catalog would list for a model API to refuse is refused here.
+    **{
+        f"tool_name_{name}": Case(
+            "  get_order:\n",
+            f'  "{tool}":\n',
+            ("tools", tool),
+            within=f'  "{tool}":',
+        )
+        for name, tool in {
+            "with_a_dot": "orders.get",
+            "with_a_space": "get order",
+            "non_ascii": "get_\u00f6rder",
+            "empty": "",
+            "longer_than_64": "g" * 65,
+        }.items()
+    },
 }
 
 

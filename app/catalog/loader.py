@@ -44,6 +44,8 @@ CEL_VARIABLES = {"args", "principal"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 # A path segment as RFC 3986 writes it: unreserved, sub-delims, ':' '@', percent-escapes.
 _SEGMENT = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*")
+# A tool name every tool-calling format accepts: OpenAI's and Anthropic's rule, the narrowest.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Types whose values have one exact text to look up by.
 _RESOURCE_ID_TYPES = ("string", "integer")
 # Variables that CEL macros bind, as in ``principal.roles.exists(r, r == "x")``.
@@ -195,6 +197,8 @@ def _tool(
 ) -> Tool | None:
     where = ("tools", name)
     before = len(source.problems)
+    if not _TOOL_NAME.fullmatch(name):
+        source.problem(where, "a tool name is 1-64 letters, digits, '_' or '-'")
     if t.provider not in source.document.get("providers", {}):
         source.problem((*where, "provider"), f"unknown provider {t.provider!r}")
     required = set(t.parameters.get("required", [])) if isinstance(t.parameters, dict) else set()
