@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from app.auth.principal import Principal
@@ -237,6 +238,64 @@ def test_null_for_an_optional_argument_is_absent_and_gets_its_default(catalog: C
 def test_null_for_a_required_argument_is_still_invalid(catalog: Catalog) -> None:
     with pytest.raises(InvalidArguments):
         refund(catalog, amount=None)
+
+
+ORDER_LINES = """
+version: "t1"
+providers:
+  shop: {base_url: "http://127.0.0.1:9"}
+tools:
+  place_order:
+    mutation: true
+    provider: shop
+    execute: {method: POST, path: /orders}
+    parameters:
+      type: object
+      additionalProperties: false
+      required: [lines]
+      properties:
+        lines:
+          type: array
+          items:
+            type: object
+            additionalProperties: false
+            required: [sku]
+            properties:
+              sku: {type: string}
+              quantity: {type: integer, default: 1}
+        ship_to: {$ref: "#/$defs/address"}
+      $defs:
+        address:
+          type: object
+          additionalProperties: false
+          required: [city]
+          properties:
+            city: {type: string}
+            postcode: {type: string}
+"""
+
+
+def test_null_inside_array_items_and_referenced_objects_is_absent_as_strict_mode_sends_it(
+    tmp_path: Path,
+) -> None:
+    """The strict schema ``GET /catalog`` shows makes optional properties nullable at every
+    object level, those of array items and of ``$defs`` included; a model that sends the
+    ``null`` it was told to send makes the call it means, not an invalid one."""
+    from app.catalog.listing import strict_schema
+    from app.catalog.loader import load
+    from tests.catalogs import write
+
+    tool = load(write(tmp_path, ORDER_LINES), {}).tools["place_order"]
+    sent = {
+        "lines": [{"sku": "a", "quantity": None}],
+        "ship_to": {"city": "Oslo", "postcode": None},
+    }
+    jsonschema.validate(sent, strict_schema(tool.public_parameters))
+    written = {"lines": [{"sku": "a", "quantity": 1}], "ship_to": {"city": "Oslo"}}
+    assert policy.prepare(tool, sent).arguments == written
+    assert policy.prepare(tool, sent).fingerprint == policy.prepare(tool, written).fingerprint
+    with pytest.raises(InvalidArguments):
+        policy.prepare(tool, {"lines": [{"sku": None}]})
 
 
 @pytest.mark.parametrize(

@@ -180,11 +180,19 @@ def _check_path_segments(tool: Tool, arguments: Mapping[str, Any]) -> None:
         raise InvalidArguments("arguments cannot be URL path segments", errors=errors)
 
 
-def _with_defaults(schema: Mapping[str, Any], value: Any) -> Any:
-    """``value`` with defaults filled in for absent properties, at every object level, as
-    new objects (``value`` is left as it is). ``null`` for a property the schema does not
-    require counts as absent: OpenAI's strict mode makes every property required and has
-    the model send ``null`` for the ones it leaves out."""
+def _with_defaults(
+    schema: Mapping[str, Any], value: Any, root: Mapping[str, Any] | None = None
+) -> Any:
+    """``value`` with defaults filled in for absent properties, at every object level (array
+    items and ``$defs`` the schema refers to included), as new objects (``value`` is left as
+    it is). ``null`` for a property the schema does not require counts as absent: OpenAI's
+    strict mode makes every property required, at each of those levels too, and has the model
+    send ``null`` for the ones it leaves out."""
+    root = schema if root is None else root
+    schema = _referenced(schema, root)
+    items = schema.get("items")
+    if isinstance(value, list) and isinstance(items, dict):
+        return [_with_defaults(items, item, root) for item in value]
     if not isinstance(value, dict):
         return value
     filled = dict(value)
@@ -197,8 +205,19 @@ def _with_defaults(schema: Mapping[str, Any], value: Any) -> Any:
         if name not in filled and "default" in prop:
             filled[name] = copy.deepcopy(prop["default"])
         if name in filled:
-            filled[name] = _with_defaults(prop, filled[name])
+            filled[name] = _with_defaults(prop, filled[name], root)
     return filled
+
+
+def _referenced(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema`` over the ``$defs`` entry its ``"$ref": "#/$defs/<name>"`` names (what
+    ``schema`` writes itself, such as its own ``properties``, comes first); else ``schema``."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        found = root.get("$defs", {}).get(ref.removeprefix("#/$defs/"))
+        if isinstance(found, dict):
+            return {**found, **schema}
+    return schema
 
 
 def precheck(principal: Principal, call: PreparedCall) -> None:
