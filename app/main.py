@@ -95,17 +95,20 @@ async def close_state(state: AppState) -> None:
 
 
 async def reload_catalog(state: AppState) -> None:
-    """Swap in the catalog as it is on disk now; a broken one leaves the current in place."""
+    """Swap in the catalog as it is on disk now; a broken one leaves the current in place.
+    Reloads take turns: two at once (two SIGHUPs) would each read the disk, and the slower
+    one, which may have read the older file, would swap its catalog in last."""
     settings = state.settings
-    try:
-        state.catalog = await asyncio.to_thread(load, settings.catalog_path, settings.env)
-    except CatalogError as exc:
-        log.error("catalog reload refused, keeping %s:\n%s", state.catalog.policy_version, exc)
-        return
-    except Exception:  # a loader bug must not end the reload unheard, nor change the policy
-        log.exception("catalog reload refused, keeping %s", state.catalog.policy_version)
-        return
-    log.info("catalog reloaded: %s", state.catalog.policy_version)
+    async with state.reloading:
+        try:
+            state.catalog = await asyncio.to_thread(load, settings.catalog_path, settings.env)
+        except CatalogError as exc:
+            log.error("catalog reload refused, keeping %s:\n%s", state.catalog.policy_version, exc)
+            return
+        except Exception:  # a loader bug must not end the reload unheard, nor change the policy
+            log.exception("catalog reload refused, keeping %s", state.catalog.policy_version)
+            return
+        log.info("catalog reloaded: %s", state.catalog.policy_version)
 
 
 @asynccontextmanager

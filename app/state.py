@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from app.auth.tokens import TokenVerifier
 from app.calls.waiting import CallWaiters
@@ -26,3 +27,6 @@ class AppState:
     locks: Locks
     waiters: CallWaiters
     """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
+    reloading: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a catalog reload (``main.reload_catalog``) from reading the disk to swapping
+    the catalog in: reloads take turns."""

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
+from app.main import create_app, reload_catalog
+from app.settings import Settings
 from tests.conftest import Providers
 from tests.flows import Auth, Flow, refund_args
 
@@ -57,3 +60,45 @@ async def test_a_reload_during_a_dry_run_does_not_change_the_policy_version_it_r
         original.policy_version,
         original.policy_version,
     )
+
+
+def copies_of_get_order(count: int) -> str:
+    """``count`` more read tools, for a catalog that takes a while to compile."""
+    return "".join(
+        f"""
+  get_order_{i}:
+    mutation: false
+    provider: billing
+    execute: {{method: GET, path: "/orders/{{order_id}}"}}
+    parameters:
+      type: object
+      additionalProperties: false
+      required: [order_id]
+      properties:
+        order_id: {{type: string, x-resource: order}}
+"""
+        for i in range(count)
+    )
+
+
+async def test_of_two_reloads_in_a_row_the_later_one_decides_the_catalog(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Two SIGHUPs: the first reads a large catalog and is still compiling it when the file
+    is replaced (say, a tool removed in a hurry) and the second reload reads the new file.
+    The catalog in force must be the one on disk, not the older one whose slower load
+    happens to finish last."""
+    demo = Path(env["TOOLGATE_CATALOG"], "demo.yaml").read_text()
+    catalog = tmp_path / "demo.yaml"
+    catalog.write_text(demo)
+    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
+    async with application.router.lifespan_context(application):
+        state = application.state.toolgate
+        catalog.write_text(demo.replace("demo-2026-11-29", "large") + copies_of_get_order(1000))
+        first = asyncio.create_task(reload_catalog(state))
+        await asyncio.sleep(0.3)  # the first reload has read the large file, and compiles it
+        catalog.write_text(demo.replace("demo-2026-11-29", "small"))
+        await reload_catalog(state)
+        await first
+        assert state.catalog.label == "small"
+        assert "get_order_0" not in state.catalog.tools
