@@ -31,6 +31,7 @@ from app.catalog.models import (
 )
 from app.catalog.source import Problem, Source, interpolate, read
 from app.catalog.spec import (
+    TOOL_NAME,
     CatalogSpec,
     EndpointSpec,
     NotifySpec,
@@ -42,10 +43,9 @@ from app.catalog.spec import (
 ANNOTATIONS = {"x-identity", "x-resource", "x-egress", "x-sensitive"}
 CEL_VARIABLES = {"args", "principal"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_TOOL_NAME = re.compile(TOOL_NAME)
 # A path segment as RFC 3986 writes it: unreserved, sub-delims, ':' '@', percent-escapes.
 _SEGMENT = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*")
-# A tool name every tool-calling format accepts: OpenAI's and Anthropic's rule, the narrowest.
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Types whose values have one exact text to look up by.
 _RESOURCE_ID_TYPES = ("string", "integer")
 # Variables that CEL macros bind, as in ``principal.roles.exists(r, r == "x")``.

@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+TOOL_NAME = "^[A-Za-z0-9_-]{1,64}$"
+"""A name every tool-calling format accepts: OpenAI's and Anthropic's rule, the narrowest."""
 
 
 class _Spec(BaseModel):
@@ -148,7 +150,10 @@ class CatalogSpec(_Spec):
     hash of the content."""
     providers: dict[str, ProviderSpec] = Field(default_factory=dict)
     resources: dict[str, ResourceSpec] = Field(default_factory=dict)
-    tools: dict[str, ToolSpec] = Field(default_factory=dict)
+    tools: dict[str, ToolSpec] = Field(
+        default_factory=dict, json_schema_extra={"propertyNames": {"pattern": TOOL_NAME}}
+    )
+    """Tool names are 1-64 letters, digits, '_' or '-'."""
     notify: list[NotifySpec] = Field(default_factory=list)
     """Webhook endpoints; in a catalog directory, at most one file has this list."""
 
