@@ -207,6 +207,21 @@ async def test_finishing_a_run(flow: Flow) -> None:
     assert after.json()["code"] == "run_limit_exceeded"
 
 
+async def test_a_run_whose_call_is_past_its_approval_window_no_longer_waits(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    """Past its window the call cannot be approved (the inbox no longer lists it), so the
+    run is not waiting for anyone."""
+    run_id = await start_run(flow)
+    proposal = await flow.post(
+        "/propose", {"tool": "issue_refund", "arguments": refund_args(), "run_id": run_id}
+    )
+    await flow.dry_run(proposal.json()["call_id"])
+    assert (await run_state(flow, run_id))["status"] == "awaiting_approval"
+    await db.execute("UPDATE calls SET pending_until = now() - interval '1 second'")
+    assert (await run_state(flow, run_id))["status"] == "active"
+
+
 async def test_another_actors_run_cannot_be_used(flow: Flow, db: asyncpg.Connection) -> None:
     run_id = await start_run(flow)
     bob = {"sub": "bob", "roles": "support"}

@@ -105,7 +105,12 @@ async def finish(
 async def awaiting_approval(conn: Connection, run_id: str) -> bool:
     return bool(
         await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM calls WHERE run_id = $1 AND state = 'awaiting_approval')",
+            """
+            SELECT EXISTS (
+                SELECT 1 FROM calls
+                WHERE run_id = $1 AND state = 'awaiting_approval' AND pending_until > now()
+            )
+            """,
             run_id,
         )
     )
