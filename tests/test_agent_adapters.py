@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import asyncpg
 import pytest
-from agents import Agent, RunConfig, Runner, RunResult, RunState
+from agents import Agent, RunConfig, Runner, RunResult, RunState, ToolCallOutputItem
 from agents.testing import ScriptedModel, assistant_message, function_call
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -38,11 +38,15 @@ QUICK = Retry(attempts=5, backoff_s=0.05, max_backoff_s=0.3)
 WAIT_S = 30.0
 
 
-class Agentic(Protocol):
-    """One framework's agent loop with toolgate's adapter: the model calls one tool, then
-    answers "done" once it has the tool's output."""
+Turn = tuple[str, dict[str, Any]]
 
-    async def start(self, tool: str, arguments: dict[str, Any]) -> None: ...
+
+class Agentic(Protocol):
+    """One framework's agent loop with toolgate's adapter: the model calls one tool (then
+    one more per turn of ``later``), always under the tool-call id ``tc_1`` as some model
+    backends do, then answers "done" once it has the tools' output."""
+
+    async def start(self, tool: str, arguments: dict[str, Any], *later: Turn) -> None: ...
 
     async def resume(self) -> None:
         """Resume the paused run once toolgate has the human's decision."""
@@ -60,14 +64,17 @@ class OpenAIAgents:
         self.config = RunConfig(tracing_disabled=True)
         self.model = ScriptedModel()
         self.result: RunResult | None = None
+        self.outputs: list[str] = []
 
-    async def start(self, tool: str, arguments: dict[str, Any]) -> None:
-        self.model.extend(
-            [[function_call(tool, arguments, call_id="tc_1")], [assistant_message("done")]]
-        )
+    async def start(self, tool: str, arguments: dict[str, Any], *later: Turn) -> None:
         self.tools = ToolgateTools(self.client, run_id=self.run_id)
         self.agent = Agent(name="support", model=self.model, tools=await self.tools.tools())
-        self.result = await Runner.run(self.agent, "please", run_config=self.config)
+        conversation: Any = "please"
+        for turn, (name, args) in enumerate([(tool, arguments), *later]):
+            call = function_call(name, args, call_id="tc_1", item_id=f"fc_{turn}")
+            self.model.extend([[call], [assistant_message("done")]])
+            result = await self.run(conversation)
+            conversation = [*result.to_input_list(), {"role": "user", "content": "more"}]
 
     async def resume(self) -> None:
         """As a process that was restarted meanwhile would: the run's state read back from
@@ -78,15 +85,24 @@ class OpenAIAgents:
         self.agent = self.agent.clone(tools=await self.tools.tools())
         state = await RunState.from_string(self.agent, saved)
         decided = await self.tools.resume(state, timeout=WAIT_S)
-        self.result = await Runner.run(self.agent, decided, run_config=self.config)
+        await self.run(decided)
 
     def paused_on(self) -> list[str]:
         assert self.result is not None
         return [self.tools.calls[item.call_id or ""] for item in self.result.interruptions]
 
     def tool_outputs(self) -> list[str]:
-        inputs = self.model.last_call.input if self.model.last_call else []
-        return [item["output"] for item in inputs if item.get("type") == "function_call_output"]
+        return self.outputs
+
+    async def run(self, conversation: Any) -> RunResult:
+        """One ``Runner.run``, noting what the model was told of its tool calls."""
+        self.result = await Runner.run(self.agent, conversation, run_config=self.config)
+        self.outputs += [
+            str(item.output)
+            for item in self.result.new_items
+            if isinstance(item, ToolCallOutputItem)
+        ]
+        return self.result
 
 
 class LangGraph:
@@ -95,9 +111,15 @@ class LangGraph:
         self.config: Any = {"configurable": {"thread_id": "t1"}}
         self.out: dict[str, Any] = {}
 
-    async def start(self, tool: str, arguments: dict[str, Any]) -> None:
-        calls = [{"name": tool, "args": arguments, "id": "tc_1", "type": "tool_call"}]
-        script = iter([AIMessage("", tool_calls=calls), AIMessage("done")])
+    async def start(self, tool: str, arguments: dict[str, Any], *later: Turn) -> None:
+        turns = [(tool, arguments), *later]
+        script = iter(
+            [
+                AIMessage("", tool_calls=[{"name": name, "args": args, "id": "tc_1"}])
+                for name, args in turns
+            ]
+            + [AIMessage("done")]
+        )
         model = GenericFakeChatModel(messages=script)
 
         async def agent(state: MessagesState) -> dict[str, Any]:
@@ -181,6 +203,34 @@ async def test_a_denial_is_handed_back_to_the_model_with_its_code(
     assert json.loads(output)["error"] == "tool_forbidden"
     assert "/billing/orders/ord_9" not in [r["path"] for r in await providers.requests()]
     assert await db.fetchval("SELECT count(*) FROM audit_events WHERE event = 'denied'") == 1
+
+
+async def test_a_tool_call_id_reused_in_a_later_turn_runs_the_later_call_not_the_first(
+    alice: Agentic, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """Some model backends number tool calls afresh each turn: a later call under an id
+    already used is a call of its own, proposed, run and reported as itself."""
+    ticket = {"subject": "late parcel", "body": "please check", "order_id": None}
+    await alice.start(
+        "get_order",
+        {"order_id": "ord_9"},
+        ("create_ticket", ticket),
+        ("get_order", {"order_id": "ord_1"}),
+    )
+    told = [json.loads(output) for output in alice.tool_outputs()]
+    assert [answer.get("error") or answer["status"] for answer in told] == [
+        "tool_forbidden",
+        "succeeded",
+        "succeeded",
+    ]
+    assert (told[1]["result"]["subject"], told[2]["result"]["id"]) == ("late parcel", "ord_1")
+    assert (await providers.stats())["effects_by_path"].get("/support/tickets") == 1
+    rows = await db.fetch("SELECT tool, tool_call_id FROM calls ORDER BY created_at")
+    assert [tuple(r) for r in rows] == [
+        ("get_order", "tc_1"),
+        ("create_ticket", "tc_1"),
+        ("get_order", "tc_1"),
+    ]
 
 
 async def paused_refund(alice: Agentic, bob: AsyncClient) -> tuple[str, dict[str, Any]]:

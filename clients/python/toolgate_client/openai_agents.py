@@ -17,6 +17,7 @@ call (denied, tainted, rejected) reaches the model as a tool result naming the p
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,11 @@ NO_CALL = problem_text(
     " run was resumed without ToolgateTools.calls); call the tool again",
 )
 """What the model is told of a tool call toolgate never saw; it is not run."""
+
+
+def asked(tool: str, arguments: Any) -> str:
+    """A model's tool call as what it asks for: the tool and its arguments."""
+    return json.dumps([tool, arguments], sort_keys=True)
 
 
 class ToolgateTools:
@@ -56,6 +62,8 @@ class ToolgateTools:
             sdk_id: Prepared(call_id=call_id, needs_approval=True)
             for sdk_id, call_id in (calls or {}).items()
         }
+        self._asked: dict[str, str] = {}
+        """What each of the model's tool calls asked for (``asked``), by the SDK's call id."""
 
     @property
     def calls(self) -> dict[str, str]:
@@ -99,12 +107,20 @@ class ToolgateTools:
 
     async def _prepare(self, tool: str, arguments: JSON, sdk_id: str) -> Prepared:
         """toolgate's decision on the model's call ``sdk_id``, asked once: the SDK asks
-        again when a resumed run reaches a call still awaiting its decision."""
+        again when a resumed run reaches a call still awaiting its decision. Some model
+        backends reuse ids in later turns (``call_0`` every time): an id asking for another
+        tool or other arguments is a new call, proposed anew."""
         prepared = self._prepared.get(sdk_id)
-        if prepared is None:
+        if prepared is None or not self._same(sdk_id, tool, arguments):
             prepared = await self._tool_calls.prepare(tool, arguments, sdk_id)
             self._prepared[sdk_id] = prepared
+            self._asked[sdk_id] = asked(tool, arguments)
         return prepared
+
+    def _same(self, sdk_id: str, tool: str, arguments: Any) -> bool:
+        """Whether ``sdk_id`` was prepared for ``tool`` with ``arguments``; a call restored
+        from ``calls`` stands for the first tool call it is asked about."""
+        return self._asked.setdefault(sdk_id, asked(tool, arguments)) == asked(tool, arguments)
 
     def _tool(self, spec: JSON) -> FunctionTool:
         name: str = spec["name"]
@@ -116,7 +132,11 @@ class ToolgateTools:
 
         async def invoke(context: ToolContext[Any], arguments: str) -> str:
             prepared = self._prepared.get(context.tool_call_id)
-            if prepared is None:
+            try:
+                parsed = json.loads(arguments)
+            except ValueError:
+                return NO_CALL
+            if prepared is None or not self._same(context.tool_call_id, name, parsed):
                 return NO_CALL
             if prepared.call_id is None:
                 return prepared.refusal or NO_CALL
