@@ -157,6 +157,39 @@ async def test_a_request_still_in_flight_is_waited_out_and_replayed(
     assert stats["effects_by_path"]["/support/tickets"] == 1
 
 
+class LosingGateway(httpx.AsyncBaseTransport):
+    """A load balancer in front of the app that loses the app's answer to the first
+    ``/execute`` (an instance restarted, a proxy timed out) and answers its own HTML 502."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = httpx.ASGITransport(app=app)
+        self.lost = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.app.handle_async_request(request)
+        if request.url.path == "/execute" and not self.lost:
+            self.lost += 1
+            await response.aread()
+            return httpx.Response(502, text="<html>502 Bad Gateway</html>")
+        return response
+
+
+async def test_an_answer_lost_by_a_gateway_is_asked_again_with_the_same_key_and_replayed(
+    app: Any, clean: None, providers: Providers, db: asyncpg.Connection, token: Token
+) -> None:
+    sent: list[str] = []
+    gateway = LosingGateway(app)
+    options = {"transport": gateway, "retry": QUICK, **counting(sent)}
+    async with AsyncClient("http://toolgate", token("alice"), **options) as alice:
+        args = {"subject": "s", "body": "b"}
+        done = await alice.execute(tool="create_ticket", arguments=args)
+    assert gateway.lost == 1
+    assert (done.status, done.replayed) == ("succeeded", True)
+    assert sent == [done.idempotency_key] * 2
+    assert (await providers.stats())["effects_by_path"]["/support/tickets"] == 1
+    assert await db.fetchval("SELECT count(*) FROM executions") == 1
+
+
 async def test_waiting_for_a_call_wakes_when_it_is_approved(
     as_user: Callable[..., AsyncClient],
 ) -> None:
@@ -259,6 +292,17 @@ def test_execute_retries_a_lost_connection_and_reports_it_unreachable_at_the_end
 
 
 def test_an_answer_that_is_not_a_problem_document_still_raises_with_a_code() -> None:
-    sent, error = carried([httpx.Response(502, text="<html>bad gateway</html>")])
+    sent, error = carried([httpx.Response(500, text="<html>internal error</html>")])
     assert sent == 1
-    assert (error.status, error.code) == (502, "unexpected_response")
+    assert (error.status, error.code) == (500, "unexpected_response")
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_a_gateways_own_error_page_is_retried_with_the_same_key(status: int) -> None:
+    sent, error = carried([httpx.Response(status, text="<html>gateway</html>")] * 3)
+    assert sent == 3
+    assert (error.status, error.code, error.idempotency_key) == (
+        status,
+        "unexpected_response",
+        "k" * 16,
+    )

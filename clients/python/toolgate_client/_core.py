@@ -74,7 +74,9 @@ class Retry:
     reconciles with the provider, so the action happens at most once), ``409
     idempotency_in_flight`` (an earlier attempt is still running), ``502
     provider_unavailable`` and ``503 unavailable`` (nothing was sent), and a connection that
-    failed. Never retried: every other answer, refusals above all.
+    failed or a gateway's own ``502``/``503``/``504`` (not a problem document: toolgate's
+    answer, if any, was lost; the same key makes the retry a replay). Never retried: every
+    other answer, refusals above all.
     """
 
     attempts: int = 5
@@ -92,6 +94,9 @@ RETRIED = {
     (409, "idempotency_in_flight"),
     (502, "provider_unavailable"),
     (503, "unavailable"),
+    (502, "unexpected_response"),
+    (503, "unexpected_response"),
+    (504, "unexpected_response"),
 }
 
 

@@ -9,7 +9,7 @@ Nothing here imports a framework.
 The idempotency key of a call's execution is made from its toolgate call id: one proposed
 call is one intended action, so running the same call again (a resumed run, a restarted
 process) replays the stored outcome instead of acting twice. The client retries ``504``,
-``409``, ``502`` and ``503`` with that key (``Retry``).
+``409``, ``502`` and ``503`` (toolgate's, or a gateway's) with that key (``Retry``).
 """
 
 from __future__ import annotations
