@@ -297,6 +297,18 @@ def test_an_answer_that_is_not_a_problem_document_still_raises_with_a_code() -> 
     assert (error.status, error.code) == (500, "unexpected_response")
 
 
+@pytest.mark.parametrize("garbage", ["<html>welcome</html>", "[]", "null"])
+def test_a_success_that_is_no_execution_raises_with_its_key(garbage: str) -> None:
+    sent, error = carried([httpx.Response(200, text=garbage)])
+    assert sent == 1
+    assert isinstance(error, ToolgateError), "not a result, nor a JSON decoding error"
+    assert (error.status, error.code, error.idempotency_key) == (
+        200,
+        "unexpected_response",
+        "k" * 16,
+    )
+
+
 @pytest.mark.parametrize("status", [502, 503, 504])
 def test_a_gateways_own_error_page_is_retried_with_the_same_key(status: int) -> None:
     sent, error = carried([httpx.Response(status, text="<html>gateway</html>")] * 3)

@@ -119,6 +119,19 @@ def error_of(response: httpx.Response) -> ToolgateError:
     return ToolgateError(response.status_code, problem)
 
 
+def execution_of(response: httpx.Response) -> JSON:
+    """A success's JSON object; any other body (a proxy's page) is an unexpected answer,
+    raised so that the caller keeps the key of an action that may have run."""
+    try:
+        answered = response.json()
+    except ValueError:
+        answered = None
+    if not isinstance(answered, dict):
+        problem = {"code": "unexpected_response", "detail": response.text[:500]}
+        raise ToolgateError(response.status_code, problem)
+    return answered
+
+
 def answer(request: Request) -> Plan[httpx.Response]:
     """One request, no retry: the answer if it is a success, else its error raised."""
     response = yield request
@@ -296,11 +309,11 @@ class Operations:
         request = Request("POST", "/execute", payload, headers={"Idempotency-Key": key})
         try:
             response = yield from answer_retrying(request, self.retry)
+            answered = execution_of(response)
         except ToolgateError as error:
             error.idempotency_key = key
             raise
-        answered = response.json()
-        known = {name: answered.get(name) for name in EXECUTION_FIELDS}
+        known: dict[str, Any] = {name: answered.get(name) for name in EXECUTION_FIELDS}
         return Execution(idempotency_key=key, **known)
 
     @operation

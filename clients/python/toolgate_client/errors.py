@@ -11,8 +11,9 @@ class ToolgateError(Exception):
     ``code`` is the stable part to branch on (``tool_forbidden``, ``approval_required``,
     ``provider_timeout``, …). Two codes are the client's own: ``unreachable`` (no answer at
     all, ``status`` 0) and ``unexpected_response`` (an answer that is not a problem document,
-    such as a proxy's error page). ``idempotency_key`` is set on errors from ``execute``: send
-    it again to retry the same action, never a new one.
+    such as a proxy's error page, or an ``execute`` success that is not a JSON object).
+    ``idempotency_key`` is set on errors from ``execute``: send it again to retry the same
+    action, never a new one.
     """
 
     def __init__(self, status: int, problem: dict[str, Any]) -> None:
