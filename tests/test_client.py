@@ -237,6 +237,19 @@ async def test_runs_catalog_and_audit_are_read_through_the_client(
     assert verified["first_broken"] is None
 
 
+@pytest.mark.parametrize("odd", ["../approvals", "x?status=pending", "%2e%2e/approvals"])
+async def test_an_id_is_one_path_segment_whatever_it_holds(
+    as_user: Callable[..., AsyncClient], odd: str
+) -> None:
+    """Ids can come from a model's output: none may point a request, with the user's
+    token, at another endpoint or query."""
+    async with as_user() as alice:
+        for read in (alice.call, alice.run):
+            with pytest.raises(ToolgateError) as refused:
+                await read(odd)
+            assert (refused.value.status, refused.value.code) == (404, "not_found")
+
+
 def answered(status: int, code: str) -> httpx.Response:
     return httpx.Response(status, json={"code": code, "status": status, "detail": code})
 

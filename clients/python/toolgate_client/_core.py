@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, Unpack, cast, overload
+from urllib.parse import quote
 
 import httpx
 
@@ -319,7 +320,7 @@ class Operations:
     @operation
     def call(self, call_id: str) -> Plan[Call]:
         """A call's whole life: its state, decisions, previews, approval and executions."""
-        response = yield from answer(Request("GET", f"/calls/{call_id}"))
+        response = yield from answer(Request("GET", f"/calls/{quote(call_id, safe='')}"))
         return cast(Call, response.json())
 
     @operation
@@ -330,7 +331,9 @@ class Operations:
         while True:
             remaining = min(MAX_WAIT_S, deadline - time.monotonic())
             params = {"wait": f"{remaining:.3f}"} if remaining > 0.001 else {}
-            response = yield from answer(Request("GET", f"/calls/{call_id}", params=params))
+            response = yield from answer(
+                Request("GET", f"/calls/{quote(call_id, safe='')}", params=params)
+            )
             found = cast(Call, response.json())
             if not params or not waiting(found):
                 return found
@@ -363,13 +366,15 @@ class Operations:
 
     @operation
     def run(self, run_id: str) -> Plan[Run]:
-        response = yield from answer(Request("GET", f"/runs/{run_id}"))
+        response = yield from answer(Request("GET", f"/runs/{quote(run_id, safe='')}"))
         return cast(Run, response.json())
 
     @operation
     def finish_run(self, run_id: str, status: RunEnd, reason: str | None = None) -> Plan[Run]:
         payload = body(status=status, reason=reason)
-        response = yield from answer(Request("POST", f"/runs/{run_id}/finish", payload))
+        response = yield from answer(
+            Request("POST", f"/runs/{quote(run_id, safe='')}/finish", payload)
+        )
         return cast(Run, response.json())
 
     @operation
