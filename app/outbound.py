@@ -11,6 +11,7 @@ user's call would otherwise ride along on the next user's call to that host.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from functools import lru_cache
@@ -19,6 +20,8 @@ from typing import Any, NamedTuple
 import aiohttp
 import orjson
 from yarl import URL
+
+from app.recordable import recorded
 
 
 class NotSent(Exception):
@@ -46,11 +49,19 @@ recursion limit allow copying or hashing much deeper), so a deeper body is not J
 just as orjson itself refuses one past 1024 levels."""
 
 
+_UNRECORDABLE = re.compile(rb"\\u0000|[0-9]{16}")
+"""What, in a JSON text orjson reads, may not fit where toolgate stores and hashes it: an
+escaped NUL, or an integer that may lie beyond ±(2**53-1). Lone surrogates and non-finite
+numbers orjson refuses itself."""
+
+
 class Response(NamedTuple):
     status: int
     body: Any
     """Parsed JSON, or ``None`` when the body was empty, not JSON, or nested deeper than
-    ``MAX_DEPTH``."""
+    ``MAX_DEPTH``. It is in the form toolgate can store and hash (``recordable.recorded``:
+    a NUL as the text ``\\u0000``, an integer beyond ±(2**53-1) as its digits), since a
+    provider's answer is stored after it may have acted."""
     elapsed_ms: float
 
 
@@ -126,7 +137,8 @@ def _parsed(raw: bytes) -> Any:
     # Only a body with more brackets than MAX_DEPTH can nest deeper: most are never walked.
     if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _deeper_than(body, MAX_DEPTH):
         return None
-    return body
+    # Likewise only a body whose text holds what may not fit is rebuilt.
+    return recorded(body) if _UNRECORDABLE.search(raw) else body
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

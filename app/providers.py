@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
-from app import recordable
 from app.auth.principal import Principal
 from app.catalog.models import Endpoint, Owner, Provider, Resource, argument_text
 from app.errors import ProviderUnavailable
@@ -83,10 +82,7 @@ class ProviderClient:
         call_id: str,
         operation_id: str | None = None,
     ) -> Response:
-        """Forward one call; raises ``NotSent`` / ``Uncertain`` from the transport. The answer's
-        body is taken in its recordable form (``recordable.recorded``): it is stored (execution
-        records, previews) and hashed (snapshot hashes), and JSON can carry what neither takes,
-        a NUL in a text or an integer beyond ±(2**53-1); the provider may already have acted."""
+        """Forward one call; raises ``NotSent`` / ``Uncertain`` from the transport."""
         headers = {
             "X-Toolgate-Actor": principal.sub,
             "X-Toolgate-Tenant": principal.tenant,
@@ -96,8 +92,7 @@ class ProviderClient:
             headers["Idempotency-Key"] = operation_id
         request = build_request(provider, endpoint, arguments)
         span = tool_call(provider, endpoint, call_id, operation_id)
-        response = await self._send(provider, request, headers, span)
-        return response._replace(body=recordable.recorded(response.body))
+        return await self._send(provider, request, headers, span)
 
     async def _send(
         self,
