@@ -47,6 +47,7 @@ from types import ModuleType
 from typing import IO
 from urllib.parse import quote
 
+from app.durable import sync_directory
 from app.settings import ConfigError
 
 SOCKET_FILE = ".s.PGSQL.5432"
@@ -261,7 +262,7 @@ class EmbeddedPostgres:
             shutil.rmtree(staging, ignore_errors=True)
             raise ConfigError(f"embedded PostgreSQL: initdb failed in {self.data_dir}") from exc
         staging.rename(self.pgdata)  # over an empty directory too
-        _sync_directory(self.data_dir)
+        sync_directory(self.data_dir)
         log.info("embedded PostgreSQL initialized in %s", self.pgdata)
 
     def _pg_ctl(self, args: list[str], user: str | None) -> None:
@@ -272,12 +273,3 @@ class EmbeddedPostgres:
             with contextlib.suppress(OSError):
                 tail = "\n".join(self.log_file.read_text().splitlines()[-10:])
             raise ConfigError(f"embedded PostgreSQL: pg_ctl {args[-1]} failed\n{tail}") from exc
-
-
-def _sync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -40,6 +40,14 @@ def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
+async def migrate(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``toolgate migrate`` run to its end, as a newcomer runs it."""
+    command = [sys.executable, "-m", "app.cli", "migrate"]
+    return await asyncio.to_thread(
+        subprocess.run, command, cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
 async def ready(process: subprocess.Popen[str], port: int) -> None:
     deadline = time.monotonic() + 30
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
@@ -120,26 +128,12 @@ async def test_a_stale_pid_file_naming_a_live_process_does_not_block_a_start(
     data_dir: Path,
 ) -> None:
     env = newcomer_env(data_dir)
-    first = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "app.cli", "migrate"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    first = await migrate(env)
     assert first.returncode == 0, first.stderr
     assert "applied: 0001" in first.stdout
     pid_file = data_dir / "postgres" / "postmaster.pid"
     pid_file.write_text(f"{os.getpid()}\n{data_dir / 'postgres'}\n")  # as a crash leaves it
-    second = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "app.cli", "migrate"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    second = await migrate(env)
     assert second.returncode == 0, second.stderr
     assert "schema is up to date" in second.stdout
     assert not pid_file.exists()
@@ -191,14 +185,7 @@ async def test_a_first_start_killed_during_initdb_does_not_break_the_store(
     os.killpg(first.pid, signal.SIGKILL)
     await asyncio.to_thread(first.wait)
     await asyncio.sleep(0.5)  # initdb's children, killed too, let go of the files
-    second = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "app.cli", "migrate"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    second = await migrate(env)
     assert second.returncode == 0, second.stderr
     assert "applied: 0001" in second.stdout
 
@@ -207,14 +194,7 @@ async def test_a_data_dir_initdb_refuses_is_a_clear_error(data_dir: Path) -> Non
     """PostgreSQL refuses a newline in its data directory's path; initdb's failure ended
     the command with a CalledProcessError traceback."""
     refused = data_dir.parent / "new\nline"
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "app.cli", "migrate"],
-        cwd=ROOT,
-        env=newcomer_env(refused),
-        capture_output=True,
-        text=True,
-    )
+    result = await migrate(newcomer_env(refused))
     assert result.returncode == 2, result.stderr
     assert "toolgate: embedded PostgreSQL: initdb failed" in result.stderr
     assert "Traceback" not in result.stderr, result.stderr
@@ -225,16 +205,8 @@ async def test_a_data_dir_whose_name_holds_url_characters_is_usable(data_dir: Pa
     """The store's URL carries the socket directory in its query: '#' ended the URL there,
     '&' the parameter, and '%41' was read as 'A', so the store was unreachable."""
     odd = data_dir.parent / "a b#c&d%41"
-    command = [sys.executable, "-m", "app.cli", "migrate"]
     for expected in ("applied: 0001", "schema is up to date"):
-        result = await asyncio.to_thread(
-            subprocess.run,
-            command,
-            cwd=ROOT,
-            env=newcomer_env(odd),
-            capture_output=True,
-            text=True,
-        )
+        result = await migrate(newcomer_env(odd))
         assert result.returncode == 0, result.stderr
         assert expected in result.stdout
     assert not (odd / "postgres" / "postmaster.pid").exists(), "migrate stops what it started"

@@ -46,6 +46,7 @@ import orjson
 from app.audit import chain, store
 from app.audit.models import Anchor, Archived, Broken
 from app.db import Connection, Database, DatabaseError, Lock, LockNotAvailable, try_xact_lock
+from app.durable import sync_directory
 
 AHEAD = 2
 LOCK_TIMEOUT = "2s"
@@ -177,7 +178,7 @@ async def _write(
             out.flush()
             os.fsync(out.fileno())
         temporary.rename(directory / name)
-        _sync_directory(directory)
+        sync_directory(directory)
     except OSError as exc:
         log.error("audit month %s not archived to %s: %s", f"{month:%Y-%m}", directory, exc)
         with contextlib.suppress(OSError):
@@ -187,15 +188,6 @@ async def _write(
     return Archived(
         name, month, anchor.chain_pos + 1, last, anchor.hash, walk.hash, count, digest.hexdigest()
     )
-
-
-def _sync_directory(directory: Path) -> None:
-    """Make the rename durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass
