@@ -18,7 +18,7 @@ import logging.config
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -55,17 +55,21 @@ embedded PostgreSQL in the data dir (default ./.toolgate), created and migrated
 on first use and stopped by the command that started it."""
 
 
-def _port(value: str) -> int:
-    """1 to 65535: the socket layer would take 99999 as 34463 (modulo 65536), silently."""
-    if not (value.isascii() and value.isdigit() and 0 < int(value) < 65536):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a port (1-65535)")
-    return int(value)
+def _counted(what: str, highest: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``highest``, else ``what`` is refused."""
+
+    def parse(value: str) -> int:
+        number = int(value) if value.isascii() and value.isdigit() else 0
+        if number < 1 or (highest is not None and number > highest):
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}")
+        return number
+
+    return parse
 
 
-def _workers(value: str) -> int:
-    if not (value.isascii() and value.isdigit() and int(value) > 0):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of workers (1 or more)")
-    return int(value)
+# The socket layer would take port 99999 as 34463 (modulo 65536), silently.
+_port = _counted("a port (1-65535)", 65535)
+_workers = _counted("a number of workers (1 or more)")
 
 
 def _parser() -> argparse.ArgumentParser:

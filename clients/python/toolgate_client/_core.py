@@ -111,26 +111,33 @@ def new_idempotency_key() -> str:
 
 
 def error_of(response: httpx.Response) -> ToolgateError:
-    try:
-        problem = response.json()
-    except ValueError:
-        problem = None
-    if not isinstance(problem, dict):
-        problem = {"code": "unexpected_response", "detail": response.text[:500]}
+    problem = _json_object(response)
+    if problem is None:
+        return _unexpected(response)
     return ToolgateError(response.status_code, problem)
 
 
 def execution_of(response: httpx.Response) -> JSON:
     """A success's JSON object; any other body (a proxy's page) is an unexpected answer,
     raised so that the caller keeps the key of an action that may have run."""
-    try:
-        answered = response.json()
-    except ValueError:
-        answered = None
-    if not isinstance(answered, dict):
-        problem = {"code": "unexpected_response", "detail": response.text[:500]}
-        raise ToolgateError(response.status_code, problem)
+    answered = _json_object(response)
+    if answered is None:
+        raise _unexpected(response)
     return answered
+
+
+def _unexpected(response: httpx.Response) -> ToolgateError:
+    """An answer that is not what toolgate sends (a proxy's page, say)."""
+    problem = {"code": "unexpected_response", "detail": response.text[:500]}
+    return ToolgateError(response.status_code, problem)
+
+
+def _json_object(response: httpx.Response) -> JSON | None:
+    try:
+        found = response.json()
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def answer(request: Request) -> Plan[httpx.Response]:
