@@ -183,9 +183,17 @@ class Database:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        """A connection inside one transaction; connection trouble becomes ``Unavailable``."""
-        async with self.connection() as conn, conn.transaction():
-            yield conn
+        """A connection inside one transaction; connection trouble becomes ``Unavailable``.
+        A transaction whose ROLLBACK was itself interrupted (cancelled again while it ran) is
+        still open: that connection is closed, which rolls it back, rather than given back."""
+        async with self.connection() as conn:
+            try:
+                async with conn.transaction():
+                    yield conn
+            except BaseException:
+                if conn.is_in_transaction():
+                    conn.terminate()
+                raise
 
     def connection(self) -> Pooled:
         """A connection for reads outside an explicit transaction."""

@@ -140,6 +140,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop.remove_signal_handler(signal.SIGHUP)
         for task in tasks:
             task.cancel()
+        # Each ends here, its cancellation handled once: a task still running when the loop
+        # closes is cancelled again, perhaps while it rolls back.
+        await asyncio.gather(*tasks, return_exceptions=True)
         await close_state(state)
         await telemetry.flush()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import asyncpg
@@ -132,6 +133,36 @@ async def test_a_connection_lost_inside_a_block_is_unavailable_and_the_pool_serv
             await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     async with database.connection() as conn:
         assert await conn.fetchval("SELECT 1") == 1
+
+
+async def test_a_transaction_cancelled_again_during_its_rollback_is_not_given_back_open(
+    database: Database,
+) -> None:
+    """A task cancelled in a statement, and again while its ROLLBACK waits: the connection,
+    still inside the transaction, is closed rather than returned to the pool (where asyncpg
+    would log an error on taking it back), and the pool serves on."""
+    loop = asyncio.get_running_loop()
+    errors: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context["message"]))
+    try:
+
+        async def slow() -> None:
+            async with database.transaction() as conn:
+                await conn.execute("SELECT pg_sleep(1)")
+
+        task = asyncio.create_task(slow())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with database.connection() as conn:
+            assert not conn.is_in_transaction()
+            assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        loop.set_exception_handler(None)
+    assert errors == []
 
 
 async def test_expired_records_are_purged_and_their_key_may_be_used_again(
