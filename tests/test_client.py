@@ -254,17 +254,25 @@ def answered(status: int, code: str) -> httpx.Response:
     return httpx.Response(status, json={"code": code, "status": status, "detail": code})
 
 
-def carried(answers: list[httpx.Response | httpx.TransportError]) -> tuple[int, Any]:
-    """The execute plan carried out against ``answers`` in turn, no I/O: (requests, result
-    or the error raised)."""
+def carried(
+    answers: list[httpx.Response | httpx.TransportError],
+    operation: str = "execute",
+    *args: Any,
+    **kwargs: Any,
+) -> tuple[int, Any]:
+    """An operation's plan (by default, execute of ``call_1`` under the key ``k…``) carried
+    out against ``answers`` in turn, no I/O: (requests, result or the error raised)."""
+    if operation == "execute":
+        args, kwargs = ("call_1",), {"idempotency_key": "k" * 16}
     with Client("http://toolgate", "token", retry=Retry(attempts=3)) as client:
-        plan = Operations.__dict__["execute"].plan(client, "call_1", idempotency_key="k" * 16)
+        plan = Operations.__dict__[operation].plan(client, *args, **kwargs)
     walk, sent = Walk(plan), 0
     try:
         for step in walk:
             if isinstance(step, Pause):
                 continue
-            assert step.headers["Idempotency-Key"] == "k" * 16
+            if operation == "execute":
+                assert step.headers["Idempotency-Key"] == "k" * 16
             outcome, sent = answers[sent], sent + 1
             if isinstance(outcome, httpx.TransportError):
                 walk.fail(outcome)
@@ -320,6 +328,43 @@ def test_a_success_that_is_no_execution_raises_with_its_key(garbage: str) -> Non
         "unexpected_response",
         "k" * 16,
     )
+
+
+@pytest.mark.parametrize(
+    ("operation", "args"),
+    [
+        ("propose", ("get_order", {"order_id": "ord_1"})),
+        ("dry_run", ("call_1",)),
+        ("approve", ("call_1", "hash")),
+        ("call", ("call_1",)),
+        ("wait_for_call", ("call_1",)),
+        ("approvals", ()),
+        ("catalog", ()),
+        ("start_run", ()),
+        ("run", ("run_1",)),
+        ("finish_run", ("run_1", "completed")),
+        ("audit", ()),
+        ("audit_export", ()),
+        ("verify_audit", ()),
+    ],
+)
+@pytest.mark.parametrize("garbage", ["<html>welcome</html>", "[]", "null", '{"a": 1}\n[2]\n'])
+def test_every_operation_raises_an_unexpected_success_as_a_toolgate_error(
+    operation: str, args: tuple[Any, ...], garbage: str
+) -> None:
+    """A proxy's page (or any body that is not what toolgate sends) answered with 200 is a
+    ``ToolgateError`` coded ``unexpected_response``, never a JSON decoding error or a
+    result of the wrong shape."""
+    sent, error = carried([httpx.Response(200, text=garbage)], operation, *args)
+    assert sent == 1
+    assert isinstance(error, ToolgateError), f"{operation} gave {error!r}"
+    assert (error.status, error.code) == (200, "unexpected_response")
+
+
+def test_wait_for_call_refuses_a_timeout_that_never_passes() -> None:
+    for timeout in (float("nan"), -1.0):
+        with pytest.raises(ValueError, match="timeout"):
+            carried([], "wait_for_call", "call_1", timeout=timeout)
 
 
 @pytest.mark.parametrize("status", [502, 503, 504])

@@ -117,9 +117,10 @@ def error_of(response: httpx.Response) -> ToolgateError:
     return ToolgateError(response.status_code, problem)
 
 
-def execution_of(response: httpx.Response) -> JSON:
+def object_of(response: httpx.Response) -> JSON:
     """A success's JSON object; any other body (a proxy's page) is an unexpected answer,
-    raised so that the caller keeps the key of an action that may have run."""
+    raised as a ``ToolgateError`` like every other failure (for ``execute``, with the key
+    of an action that may have run)."""
     answered = _json_object(response)
     if answered is None:
         raise _unexpected(response)
@@ -147,6 +148,11 @@ def answer(request: Request) -> Plan[httpx.Response]:
     if response.is_success:
         return response
     raise error_of(response)
+
+
+def answered(request: Request) -> Plan[JSON]:
+    """One request, no retry: the JSON object of its success, else its error raised."""
+    return object_of((yield from answer(request)))
 
 
 def answer_retrying(request: Request, retry: Retry) -> Plan[httpx.Response]:
@@ -264,14 +270,14 @@ class Operations:
     ) -> Plan[Proposal]:
         """Ask whether ``tool`` may run with ``arguments``; a refusal raises."""
         payload = body(tool=tool, arguments=arguments, run_id=run_id, tool_call_id=tool_call_id)
-        response = yield from answer(Request("POST", "/propose", payload))
-        return cast(Proposal, response.json())
+        return cast(Proposal, (yield from answered(Request("POST", "/propose", payload))))
 
     @operation
     def dry_run(self, call_id: str) -> Plan[DryRun]:
         """Preview a proposed call's effect; the preview is what an approver sees."""
-        response = yield from answer(Request("POST", "/dry-run", {"call_id": call_id}))
-        return cast(DryRun, response.json())
+        return cast(
+            DryRun, (yield from answered(Request("POST", "/dry-run", {"call_id": call_id})))
+        )
 
     @operation
     def approve(
@@ -286,8 +292,7 @@ class Operations:
         ``snapshot_hash`` is the hash of the preview the human saw (``None`` without one)."""
         payload = body(call_id=call_id, decision=decision, comment=comment)
         payload["snapshot_hash"] = snapshot_hash
-        response = yield from answer(Request("POST", "/approve", payload))
-        return cast(Approval, response.json())
+        return cast(Approval, (yield from answered(Request("POST", "/approve", payload))))
 
     @operation
     def execute(
@@ -317,7 +322,7 @@ class Operations:
         request = Request("POST", "/execute", payload, headers={"Idempotency-Key": key})
         try:
             response = yield from answer_retrying(request, self.retry)
-            answered = execution_of(response)
+            answered = object_of(response)
         except ToolgateError as error:
             error.idempotency_key = key
             raise
@@ -327,21 +332,22 @@ class Operations:
     @operation
     def call(self, call_id: str) -> Plan[Call]:
         """A call's whole life: its state, decisions, previews, approval and executions."""
-        response = yield from answer(Request("GET", f"/calls/{quote(call_id, safe='')}"))
-        return cast(Call, response.json())
+        return cast(
+            Call, (yield from answered(Request("GET", f"/calls/{quote(call_id, safe='')}")))
+        )
 
     @operation
     def wait_for_call(self, call_id: str, timeout: float = 60.0) -> Plan[Call]:
         """The call once it no longer waits (for a preview, a decision, or its execution),
         or as it is when ``timeout`` seconds have passed: check its ``state``."""
+        if not timeout >= 0:  # NaN too: it would never pass
+            raise ValueError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
         deadline = time.monotonic() + timeout
         while True:
             remaining = min(MAX_WAIT_S, deadline - time.monotonic())
             params = {"wait": f"{remaining:.3f}"} if remaining > 0.001 else {}
-            response = yield from answer(
-                Request("GET", f"/calls/{quote(call_id, safe='')}", params=params)
-            )
-            found = cast(Call, response.json())
+            request = Request("GET", f"/calls/{quote(call_id, safe='')}", params=params)
+            found = cast(Call, (yield from answered(request)))
             if not params or not waiting(found):
                 return found
 
@@ -351,8 +357,7 @@ class Operations:
         items: list[JSON] = []
         params = {"status": status}
         while True:
-            response = yield from answer(Request("GET", "/approvals", params=params))
-            page = response.json()
+            page = yield from answered(Request("GET", "/approvals", params=params))
             items += page["items"]
             if page["next_cursor"] is None:
                 return items
@@ -362,27 +367,24 @@ class Operations:
     def catalog(self, format: Format = "raw", *, strict: bool = False) -> Plan[Catalog]:
         """The tools this client's user may use, shaped for a model API (``format``)."""
         params = {"format": format, **({"strict": "true"} if strict else {})}
-        response = yield from answer(Request("GET", "/catalog", params=params))
-        return cast(Catalog, response.json())
+        return cast(Catalog, (yield from answered(Request("GET", "/catalog", params=params))))
 
     @operation
     def start_run(self, task: str | None = None, *, limits: JSON | None = None) -> Plan[Run]:
         """A new run (one agent task) with budgets; pass its ``run_id`` to the calls."""
-        response = yield from answer(Request("POST", "/runs", body(task=task, limits=limits)))
-        return cast(Run, response.json())
+        return cast(
+            Run, (yield from answered(Request("POST", "/runs", body(task=task, limits=limits))))
+        )
 
     @operation
     def run(self, run_id: str) -> Plan[Run]:
-        response = yield from answer(Request("GET", f"/runs/{quote(run_id, safe='')}"))
-        return cast(Run, response.json())
+        return cast(Run, (yield from answered(Request("GET", f"/runs/{quote(run_id, safe='')}"))))
 
     @operation
     def finish_run(self, run_id: str, status: RunEnd, reason: str | None = None) -> Plan[Run]:
         payload = body(status=status, reason=reason)
-        response = yield from answer(
-            Request("POST", f"/runs/{quote(run_id, safe='')}/finish", payload)
-        )
-        return cast(Run, response.json())
+        request = Request("POST", f"/runs/{quote(run_id, safe='')}/finish", payload)
+        return cast(Run, (yield from answered(request)))
 
     @operation
     def audit(
@@ -390,20 +392,24 @@ class Operations:
     ) -> Plan[Page]:
         """One page of the audit trail, oldest first (auditors and admins)."""
         params = {**query(filters), "limit": str(limit), **body(cursor=cursor)}
-        response = yield from answer(Request("GET", "/audit", params=params))
-        return cast(Page, response.json())
+        return cast(Page, (yield from answered(Request("GET", "/audit", params=params))))
 
     @operation
     def audit_export(self, **filters: Unpack[AuditFilters]) -> Plan[list[JSON]]:
         """Every matching audit row, oldest first, read whole from the NDJSON export."""
         response = yield from answer(Request("GET", "/audit/export", params=query(filters)))
-        return [json.loads(line) for line in response.text.splitlines() if line]
+        try:
+            rows = [json.loads(line) for line in response.text.splitlines() if line]
+        except ValueError:
+            raise _unexpected(response) from None
+        if not all(isinstance(row, dict) for row in rows):
+            raise _unexpected(response)
+        return rows
 
     @operation
     def verify_audit(self) -> Plan[JSON]:
         """The server's check of the audit trail's hash chain (``ok``, ``first_broken``…)."""
-        response = yield from answer(Request("GET", "/audit/verify"))
-        return cast(JSON, response.json())
+        return (yield from answered(Request("GET", "/audit/verify")))
 
 
 def query(filters: AuditFilters) -> dict[str, str]:
