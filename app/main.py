@@ -100,15 +100,17 @@ async def reload_catalog(state: AppState) -> None:
     one, which may have read the older file, would swap its catalog in last."""
     settings = state.settings
     async with state.reloading:
+        outcome = "refused"
         try:
             state.catalog = await asyncio.to_thread(load, settings.catalog_path, settings.env)
         except CatalogError as exc:
             log.error("catalog reload refused, keeping %s:\n%s", state.catalog.policy_version, exc)
-            return
         except Exception:  # a loader bug must not end the reload unheard, nor change the policy
             log.exception("catalog reload refused, keeping %s", state.catalog.policy_version)
-            return
-        log.info("catalog reloaded: %s", state.catalog.policy_version)
+        else:
+            outcome = "reloaded"
+            log.info("catalog reloaded: %s", state.catalog.policy_version)
+        metrics.CATALOG_RELOADS.labels(outcome).inc()
 
 
 @asynccontextmanager

@@ -35,6 +35,11 @@ EXECUTIONS = Counter(
     "Execution outcomes, by tool and status (succeeded/failed/unknown/replayed).",
     ("tool", "status"),
 )
+CATALOG_RELOADS = Counter(
+    "toolgate_catalog_reloads",
+    "Catalog reloads (SIGHUP), by outcome: reloaded, or refused (the catalog in force kept).",
+    ("outcome",),
+)
 REQUEST_SECONDS = Histogram(
     "toolgate_request_duration_seconds",
     "HTTP request latency, by route template, method and status.",

@@ -102,3 +102,36 @@ async def test_of_two_reloads_in_a_row_the_later_one_decides_the_catalog(
         await first
         assert state.catalog.label == "small"
         assert "get_order_0" not in state.catalog.tools
+
+
+async def test_a_refused_reload_keeps_the_catalog_and_is_counted_for_an_alert(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A broken catalog on disk at SIGHUP: the one in force stays (``/readyz`` names it),
+    and ``/metrics`` counts the refusal, so that ops can alert on a reload that did not
+    take; a good one counts as reloaded."""
+    demo = Path(env["TOOLGATE_CATALOG"], "demo.yaml").read_text()
+    catalog = tmp_path / "demo.yaml"
+    catalog.write_text(demo)
+    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
+
+    def reloads(text: str, outcome: str) -> float:
+        line = f'toolgate_catalog_reloads_total{{outcome="{outcome}"}} '
+        found = [row for row in text.splitlines() if row.startswith(line)]
+        return float(found[0].removeprefix(line)) if found else 0.0
+
+    async with application.router.lifespan_context(application):
+        state = application.state.toolgate
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://toolgate") as client:
+            before = (await client.get("/metrics")).text
+            in_force = state.catalog.policy_version
+            catalog.write_text(demo + "\n  - this is not a tool\n")
+            await reload_catalog(state)
+            assert (await client.get("/readyz")).json()["checks"]["catalog"] == in_force
+            catalog.write_text(demo.replace("demo-2026-11-29", "fixed"))
+            await reload_catalog(state)
+            after = (await client.get("/metrics")).text
+    assert state.catalog.label == "fixed"
+    assert reloads(after, "refused") == reloads(before, "refused") + 1
+    assert reloads(after, "reloaded") == reloads(before, "reloaded") + 1
