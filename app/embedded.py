@@ -196,7 +196,7 @@ class EmbeddedPostgres:
         """The pid in ``postmaster.pid`` if it is a live postmaster of this cluster."""
         try:
             pid = int((self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):  # none, or no cluster at all (``postgres`` is a file)
             return None
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -231,6 +231,12 @@ class EmbeddedPostgres:
         """initdb into a staging directory renamed into place once complete: initdb writes
         ``PG_VERSION`` first, so one killed midway would leave a cluster that looks made
         and fails every start."""
+        here = self.pgdata
+        if here.exists() and (not here.is_dir() or any(here.iterdir())):
+            raise ConfigError(
+                f"{self.pgdata} holds no PostgreSQL cluster (no PG_VERSION) but is not empty: "
+                "move it aside, or set TOOLGATE_DATA_DIR to another directory"
+            )
         package = _package()
         staging = self.data_dir / "postgres.initdb"
         shutil.rmtree(staging, ignore_errors=True)  # what an interrupted initdb left

@@ -201,6 +201,29 @@ async def test_a_data_dir_initdb_refuses_is_a_clear_error(data_dir: Path) -> Non
     assert not (refused / "postgres").exists()
 
 
+@pytest.mark.parametrize("foreign", ["directory", "file"])
+async def test_a_postgres_entry_that_is_no_cluster_is_a_clear_error_and_left_alone(
+    data_dir: Path, foreign: str
+) -> None:
+    """``postgres`` in the data directory holds something else (files without
+    ``PG_VERSION``, or is a file): the store neither overwrites it nor fails with a
+    traceback after a full initdb; it names the entry, and leaves it as it was."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    entry = data_dir / "postgres"
+    if foreign == "directory":
+        entry.mkdir()
+        (entry / "notes.txt").write_text("mine")
+    else:
+        entry.write_text("mine")
+    result = await migrate(newcomer_env(data_dir))
+    assert result.returncode == 2, result.stderr
+    assert f"toolgate: {entry} holds no PostgreSQL cluster" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    kept = entry / "notes.txt" if foreign == "directory" else entry
+    assert kept.read_text() == "mine"
+    assert not (data_dir / "postgres.initdb").exists()
+
+
 async def test_a_data_dir_whose_name_holds_url_characters_is_usable(data_dir: Path) -> None:
     """The store's URL carries the socket directory in its query: '#' ended the URL there,
     '&' the parameter, and '%41' was read as 'A', so the store was unreachable."""
