@@ -76,7 +76,7 @@ def catalog_with(tmp_path: Path, url: str | None) -> str:
 
 @pytest.fixture
 def hook_env(lone_database: str, redis_url: str, providers_url: str) -> dict[str, str]:
-    return make_env(lone_database, redis_url, providers_url, HOOK_SECRET=SECRET)
+    return make_env(lone_database, redis_url, providers_url, HOOK_SECRET=SECRET, S=SECRET)
 
 
 @pytest.fixture
@@ -286,3 +286,40 @@ def test_only_one_file_of_a_catalog_directory_may_list_notify(tmp_path: Path) ->
     (problem,) = refused.value.problems
     assert problem.path == ("notify",)
     assert problem.message == "defined more than once"
+
+
+async def test_an_endpoint_that_hangs_does_not_hold_up_deliveries_to_the_others(
+    hook_env: dict[str, str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+    auth: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subscriber that never answers is waited for up to the timeout on every event; the
+    other endpoints' events go out meanwhile, not once it has timed out."""
+    monkeypatch.setattr(sender, "TIMEOUT_S", 5.0)
+    endpoint, url = receiver
+    hanging: list[web.Request] = []
+    released = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        hanging.append(request)
+        await released.wait()
+        return web.Response(status=204)
+
+    application = web.Application()
+    application.router.add_post("/slow", hang)
+    async with serving(application) as slow:
+        env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, url)}
+        with (tmp_path / "notify.yaml").open("a") as notify:
+            notify.write(f"  - {{url: {slow}/slow, events: [run.ended], secret_env: S}}\n")
+        try:
+            async with running_app(env) as client:
+                await run_ended(client, auth)
+                await until(lambda: len(endpoint.accepted) == 1 and len(hanging) == 1)
+                await run_ended(client, auth)
+                ended = time.monotonic()
+                await until(lambda: len(endpoint.accepted) == 2, seconds=4.0)
+                assert time.monotonic() - ended < 2.0
+        finally:
+            released.set()

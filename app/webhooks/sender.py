@@ -8,6 +8,10 @@
 - **Only to the catalog's URLs.** Each delivery is sent only if the current catalog still
   names its URL for its event, signed with that entry's current secret; otherwise it is
   dropped and logged.
+- **Each endpoint on its own.** A delivery is sent in a task of its own, and the next pass
+  does not wait for it: it only leaves out the URLs this process is still sending to. An
+  endpoint that never answers holds its own deliveries for the timeout, not everyone's (and
+  this process sends to it at most ``BATCH`` at a time).
 - **Backoff.** A refused or failed delivery is retried after ``BACKOFF_S`` doubled per
   attempt, capped at ``MAX_BACKOFF_S``, with jitter so endpoints coming back are not hit by
   every instance at once. Redirects are not followed: a 3xx is a failure.
@@ -38,26 +42,49 @@ log = logging.getLogger("toolgate")
 
 
 async def run(state: AppState) -> None:
-    """A pass every ``EVERY_S``; database trouble postpones to the next."""
-    while True:
-        await asyncio.sleep(EVERY_S)
-        try:
-            await send_due(state)
-        except Unavailable as exc:
-            log.warning("webhook deliveries postponed: %s", exc.detail)
-        except Exception:
-            log.exception("webhook pass failed; retrying on the next tick")
+    """A pass every ``EVERY_S``; database trouble postpones to the next. The sends still
+    under way when the app stops are cancelled: their deliveries come due again when their
+    lease runs out."""
+    sending: dict[asyncio.Task[None], str] = {}
+    try:
+        while True:
+            await asyncio.sleep(EVERY_S)
+            try:
+                await send_due(state, sending)
+            except Unavailable as exc:
+                log.warning("webhook deliveries postponed: %s", exc.detail)
+            except Exception:
+                log.exception("webhook pass failed; retrying on the next tick")
+    finally:
+        for task in sending:
+            task.cancel()
+        await asyncio.gather(*sending, return_exceptions=True)
 
 
-async def send_due(state: AppState) -> int:
-    """One pass: the number of deliveries attempted."""
+async def send_due(state: AppState, sending: dict[asyncio.Task[None], str]) -> int:
+    """One pass: start sending the due deliveries to URLs not in ``sending`` (this process's
+    sends under way, by their URL), and add them to it; the number started."""
     async with state.db.connection() as conn:
-        deliveries = await store.claim(conn, BATCH, LEASE_S)
-    await asyncio.gather(*(_send(state, delivery) for delivery in deliveries))
+        deliveries = await store.claim(conn, BATCH, LEASE_S, set(sending.values()))
+    for delivery in deliveries:
+        task = asyncio.create_task(_send(state, delivery))
+        sending[task] = delivery.url
+        task.add_done_callback(lambda done: sending.pop(done, None))
     return len(deliveries)
 
 
 async def _send(state: AppState, delivery: Delivery) -> None:
+    """Send ``delivery`` and record how it went; trouble is logged here, as no one awaits
+    this task."""
+    try:
+        await _attempt(state, delivery)
+    except Unavailable as exc:
+        log.warning("webhook %s not recorded: %s", delivery.id, exc.detail)
+    except Exception:
+        log.exception("webhook %s failed; it comes due again after its lease", delivery.id)
+
+
+async def _attempt(state: AppState, delivery: Delivery) -> None:
     webhook = next(
         (w for w in state.catalog.webhooks if w.url == delivery.url and delivery.event in w.events),
         None,

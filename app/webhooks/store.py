@@ -3,6 +3,7 @@ the sender's statements are each one short transaction of their own."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -54,21 +55,26 @@ def call_data(
     }
 
 
-async def claim(conn: Connection, batch: int, lease_s: float) -> list[Delivery]:
+async def claim(
+    conn: Connection, batch: int, lease_s: float, busy: Collection[str] = ()
+) -> list[Delivery]:
     """Take up to ``batch`` due deliveries, oldest first, by moving them ``lease_s`` into the
-    future: no other sender takes them meanwhile, and if this one dies they come due again."""
+    future: no other sender takes them meanwhile, and if this one dies they come due again.
+    Deliveries to the ``busy`` URLs are left for a later pass."""
     rows = await conn.fetch(
         """
         UPDATE webhook_outbox SET attempts = attempts + 1,
             next_at = now() + make_interval(secs => $2)
         WHERE id IN (
             SELECT id FROM webhook_outbox WHERE delivered_at IS NULL AND next_at <= now()
+                AND url <> ALL($3::text[])
             ORDER BY next_at LIMIT $1 FOR UPDATE SKIP LOCKED
         )
         RETURNING id, url, event, payload, attempts
         """,
         batch,
         lease_s,
+        list(busy),
     )
     return [Delivery(**dict(row)) for row in rows]
 
