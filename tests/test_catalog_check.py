@@ -363,6 +363,9 @@ CASES: dict[str, Case] = {
             "dot_dot_segment": "http://127.0.0.1:9/v1/../admin",
             "space": "http://127.0.0.1:9/my api",
             "non_ascii": "http://127.0.0.1:9/\u00fc",
+            "unclosed_ipv6_host": "http://[::1/v1",
+            "port_out_of_range": "http://127.0.0.1:99999",
+            "port_not_a_number": "http://127.0.0.1:x",
         }.items()
     },
     # A name every tool-calling format accepts (OpenAI's and Anthropic's rule is the

@@ -12,7 +12,7 @@ from base64 import b64decode
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import cel
 import jsonschema_rs
@@ -114,8 +114,8 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
         except KeyError as missing:
             source.problem(("providers", name), f"environment variable {missing} is not set")
             continue
-        url = urlsplit(base_url)
-        if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
+        url = _http_url(base_url)
+        if url is None or url.query or url.fragment:
             source.problem(("providers", name, "base_url"), "must be an http(s) URL with a host")
             continue
         if not base_url.isascii() or not all(map(_is_segment, url.path.split("/")[1:])):
@@ -163,11 +163,11 @@ def _webhook(
     except KeyError as missing:
         source.problem((*where, "url"), f"environment variable {missing} is not set")
         return None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
+    parts = _http_url(url)
+    if parts is None or parts.fragment:
         source.problem((*where, "url"), "must be an http(s) URL with a host")
         return None
-    if not url.isascii() or not url.isprintable() or " " in url:
+    if not url.isascii() or not url.isprintable() or " " in url or "\\" in url:
         source.problem((*where, "url"), "must be written percent-encoded")
         return None
     secret = env.get(n.secret_env)
@@ -303,6 +303,19 @@ def _endpoint(
                 f"placeholder {{{placeholder}}} has no matching required argument",
             )
     return Endpoint(method=e.method, path=e.path, placeholders=names)
+
+
+def _http_url(url: str) -> SplitResult | None:
+    """``url``'s parts when it is an http(s) URL with a host and a usable port, else
+    ``None``: a URL that cannot be parsed (``http://[::1``) or whose port is out of range
+    is a problem of the catalog, not a crash of the load or a request that fails each time."""
+    try:
+        parts = urlsplit(url)
+        if parts.port == 0:
+            return None
+    except ValueError:
+        return None
+    return parts if parts.scheme in ("http", "https") and parts.hostname else None
 
 
 def _is_segment(segment: str) -> bool:
