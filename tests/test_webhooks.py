@@ -327,3 +327,29 @@ async def test_an_endpoint_that_hangs_does_not_hold_up_deliveries_to_the_others(
                 assert time.monotonic() - ended < 2.0
         finally:
             released.set()
+
+
+async def test_a_secret_in_a_notify_url_never_reaches_the_log(
+    hook_env: dict[str, str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+    auth: Any,
+    lone_database: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A URL can carry a credential (userinfo, or a token in its path, as many receivers
+    issue them), which is why it may come from the environment: logs name only its host."""
+    endpoint, url = receiver
+    endpoint.down = True
+    secret_url = url.replace("http://", "http://hook:pa55-in-userinfo@") + "?token=t0ken-in-query"
+    caplog.set_level("INFO", logger="toolgate")
+    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path / "a", secret_url)}
+    async with running_app(env) as client:
+        await run_ended(client, auth)
+        await until(lambda: endpoint.refused >= 2)
+    async with running_app({**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path / "b", None)}):
+        await until(lambda: "dropped" in caplog.text)
+    assert "answered 503" in caplog.text
+    assert url.removeprefix("http://").split("/")[0] in caplog.text
+    assert "pa55-in-userinfo" not in caplog.text
+    assert "t0ken-in-query" not in caplog.text

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import random
 import time
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -96,7 +97,7 @@ async def _attempt(state: AppState, delivery: Delivery) -> None:
             "webhook %s dropped: the catalog no longer sends %s to %s",
             delivery.id,
             delivery.event,
-            delivery.url,
+            _site(delivery.url),
         )
         return
     body = orjson.dumps(delivery.payload)
@@ -118,7 +119,16 @@ async def _attempt(state: AppState, delivery: Delivery) -> None:
             await store.delivered(conn, delivery.id)
         else:
             await store.retry(conn, delivery.id, backoff(delivery.attempts), error)
-            log.info("webhook %s to %s failed: %s", delivery.id, delivery.url, error)
+            log.info("webhook %s to %s failed: %s", delivery.id, _site(delivery.url), error)
+
+
+def _site(url: str) -> str:
+    """What a log may tell of a catalog URL: its scheme, host and port. The rest can be a
+    credential (userinfo, or a token in the path or query, as many receivers issue them);
+    the delivery's id leads to the whole URL in the outbox."""
+    parts = urlsplit(url)
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
 
 
 def backoff(attempts: int) -> float:
