@@ -222,8 +222,11 @@ async def test_a_url_removed_from_the_catalog_after_the_event_is_never_sent_to(
     lone_database: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Once the event is older than ``DROP_AFTER_S`` (no other instance is still to load a
+    catalog that names the URL), it is dropped unsent."""
     endpoint, url = receiver
     monkeypatch.setattr(sender, "EVERY_S", 3600.0)
+    monkeypatch.setattr(sender, "DROP_AFTER_S", 0.5)
     with_hook = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path / "a", url)}
     async with running_app(with_hook) as client:
         await approved_refund_executed(Flow(client, auth))
@@ -336,9 +339,11 @@ async def test_a_secret_in_a_notify_url_never_reaches_the_log(
     auth: Any,
     lone_database: str,
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A URL can carry a credential (userinfo, or a token in its path, as many receivers
     issue them), which is why it may come from the environment: logs name only its host."""
+    monkeypatch.setattr(sender, "DROP_AFTER_S", 0.0)
     endpoint, url = receiver
     endpoint.down = True
     secret_url = url.replace("http://", "http://hook:pa55-in-userinfo@") + "?token=t0ken-in-query"
@@ -353,3 +358,35 @@ async def test_a_secret_in_a_notify_url_never_reaches_the_log(
     assert url.removeprefix("http://").split("/")[0] in caplog.text
     assert "pa55-in-userinfo" not in caplog.text
     assert "t0ken-in-query" not in caplog.text
+
+
+async def test_an_instance_whose_catalog_does_not_name_a_url_yet_leaves_its_events_be(
+    hook_env: dict[str, str],
+    receiver: tuple[Receiver, str],
+    tmp_path: Path,
+    auth: Any,
+    lone_database: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While catalogs are reloaded one instance at a time, an event queued by an instance
+    that already names a new endpoint is claimed by one that does not yet: it is put off,
+    not deleted, and the endpoint gets it from an instance that knows it."""
+    endpoint, url = receiver
+    monkeypatch.setattr(sender, "EVERY_S", 3600.0)
+    newer = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path / "newer", url)}
+    async with running_app(newer) as client:
+        await run_ended(client, auth)
+    monkeypatch.setattr(sender, "EVERY_S", 0.05)
+    older = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path / "older", None)}
+    async with running_app(older):
+        for _ in range(100):
+            rows = await outbox(lone_database)
+            if not rows or rows[0]["attempts"] >= 2:
+                break
+            await asyncio.sleep(0.05)
+    (row,) = await outbox(lone_database)
+    assert (row["delivered_at"], row["attempts"] >= 2) == (None, True)
+    assert endpoint.accepted == []
+    async with running_app(newer):
+        await until(lambda: len(endpoint.accepted) == 1)
+    assert endpoint.types() == ["run.ended"]

@@ -6,8 +6,10 @@
   the send and the mark leaves it to come due again when the lease runs out: the receiver
   may see it twice, with the same ``webhook-id``.
 - **Only to the catalog's URLs.** Each delivery is sent only if the current catalog still
-  names its URL for its event, signed with that entry's current secret; otherwise it is
-  dropped and logged.
+  names its URL for its event, signed with that entry's current secret; otherwise it is put
+  off like a failed one, and dropped (and logged) once its event is ``DROP_AFTER_S`` old.
+  Instances reload their catalogs one at a time: an event queued by an instance whose
+  catalog names a new endpoint is often claimed by one that does not name it yet.
 - **Each endpoint on its own.** A delivery is sent in a task of its own, and the next pass
   does not wait for it: it only leaves out the URLs this process is still sending to. An
   endpoint that never answers holds its own deliveries for the timeout, not everyone's (and
@@ -39,6 +41,8 @@ TIMEOUT_S = 10.0
 LEASE_S = TIMEOUT_S * 3
 BACKOFF_S = 5.0
 MAX_BACKOFF_S = 3600.0
+DROP_AFTER_S = 3600.0
+NOT_NAMED = "the catalog of the instance that claimed it does not name its URL for its event"
 log = logging.getLogger("toolgate")
 
 
@@ -92,7 +96,9 @@ async def _attempt(state: AppState, delivery: Delivery) -> None:
     )
     if webhook is None:
         async with state.db.connection() as conn:
-            await store.drop(conn, delivery.id)
+            if not await store.drop(conn, delivery.id, DROP_AFTER_S):
+                await store.retry(conn, delivery.id, backoff(delivery.attempts), NOT_NAMED)
+                return
         log.warning(
             "webhook %s dropped: the catalog no longer sends %s to %s",
             delivery.id,

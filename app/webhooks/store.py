@@ -96,8 +96,16 @@ async def retry(conn: Connection, delivery_id: str, delay_s: float, error: str) 
     )
 
 
-async def drop(conn: Connection, delivery_id: str) -> None:
-    await conn.execute("DELETE FROM webhook_outbox WHERE id = $1", delivery_id)
+async def drop(conn: Connection, delivery_id: str, after_s: float) -> bool:
+    """Remove the delivery if its event is more than ``after_s`` old (by the database's
+    clock, the one it was queued by); whether it was."""
+    status: str = await conn.execute(
+        "DELETE FROM webhook_outbox WHERE id = $1"
+        " AND created_at < now() - make_interval(secs => $2)",
+        delivery_id,
+        after_s,
+    )
+    return status == "DELETE 1"
 
 
 async def remove_delivered_before(conn: Connection, before: datetime, limit: int) -> int:
