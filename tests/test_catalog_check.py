@@ -366,6 +366,8 @@ CASES: dict[str, Case] = {
             "unclosed_ipv6_host": "http://[::1/v1",
             "port_out_of_range": "http://127.0.0.1:99999",
             "port_not_a_number": "http://127.0.0.1:x",
+            "backslash_in_host": "http://h\\\\x:9",
+            "space_in_host": "http://my host:9",
         }.items()
     },
     # A name every tool-calling format accepts (OpenAI's and Anthropic's rule is the

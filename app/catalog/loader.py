@@ -305,6 +305,11 @@ def _endpoint(
     return Endpoint(method=e.method, path=e.path, placeholders=names)
 
 
+_HOST = re.compile(r"[A-Za-z0-9._~-]+|[0-9A-Fa-f:.]+")
+"""A host name, IPv4 address or (its brackets taken off) IPv6 address; no other library
+would read a space or a backslash in a host as this parser does."""
+
+
 def _http_url(url: str) -> SplitResult | None:
     """``url``'s parts when it is an http(s) URL with a host and a usable port, else
     ``None``: a URL that cannot be parsed (``http://[::1``) or whose port is out of range
@@ -315,7 +320,9 @@ def _http_url(url: str) -> SplitResult | None:
             return None
     except ValueError:
         return None
-    return parts if parts.scheme in ("http", "https") and parts.hostname else None
+    if parts.scheme not in ("http", "https") or not _HOST.fullmatch(parts.hostname or ""):
+        return None
+    return parts
 
 
 def _is_segment(segment: str) -> bool:
