@@ -285,6 +285,19 @@ def test_notify_urls_and_secrets_come_from_the_environment(tmp_path: Path) -> No
     assert SECRET not in repr(catalog.webhooks[0])
 
 
+def test_a_url_named_by_two_notify_entries_refuses_the_catalog(tmp_path: Path) -> None:
+    """Deliveries are queued by URL and signed with the first entry naming it: a second
+    entry's events would be signed with the first entry's secret, refused by the receiver
+    and retried for ever."""
+    second = "  - {url: http://h/x, events: [call.executed], secret_env: T}\n"
+    text = BASE + NOTIFY % ("http://h/x", "[run.ended]", "S") + second
+    with pytest.raises(CatalogError) as refused:
+        load(write(tmp_path, text), {"S": SECRET, "T": SECRET.replace("whsec_", "whsec_A")})
+    (problem,) = refused.value.problems
+    assert problem.path == ("notify", 1, "url")
+    assert "earlier entry" in problem.message
+
+
 def test_only_one_file_of_a_catalog_directory_may_list_notify(tmp_path: Path) -> None:
     write(tmp_path, BASE)
     write(tmp_path, NOTIFY % ("http://h/a", "[run.ended]", "S"), "a.yaml")

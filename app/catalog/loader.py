@@ -138,18 +138,21 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
         tool = _tool(name, t, providers, resources, spec, source)
         if tool is not None:
             tools[name] = tool
-    webhooks = tuple(
-        webhook
-        for i, n in enumerate(spec.notify)
-        if (webhook := _webhook(n, ("notify", i), env, source)) is not None
-    )
+    webhooks: dict[str, Webhook] = {}
+    for i, n in enumerate(spec.notify):
+        webhook = _webhook(n, ("notify", i), env, source)
+        if webhook is not None and webhooks.setdefault(webhook.url, webhook) is not webhook:
+            # Deliveries are queued by URL and signed with the first entry naming it.
+            source.problem(
+                ("notify", i, "url"), "names a URL of an earlier entry: list its events there"
+            )
     if source.problems:
         return None
     return Catalog(
         label=spec.version,
         policy_version=f"{spec.version}#{digest(source.document)[7:13]}",
         tools=tools,
-        webhooks=webhooks,
+        webhooks=tuple(webhooks.values()),
     )
 
 
