@@ -27,14 +27,19 @@ def _storable(value: str) -> str:
     return value
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any, depth: int = 0) -> bool:
+    """Whether every number in ``value`` is finite, as far as it may nest: what lies deeper
+    than ``recordable.MAX_DEPTH`` is refused, and that refusal recorded, by ``policy.prepare``
+    (looking into it here would exhaust Python's recursion limit first)."""
     kind = type(value)
     if kind is float:
         return math.isfinite(value)
+    if depth >= recordable.MAX_DEPTH:
+        return True
     if kind is dict:
-        return all(_finite(inner) for inner in value.values())
+        return all(_finite(inner, depth + 1) for inner in value.values())
     if kind is list:
-        return all(_finite(inner) for inner in value)
+        return all(_finite(inner, depth + 1) for inner in value)
     return True
 
 

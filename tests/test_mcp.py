@@ -319,6 +319,25 @@ async def post_call(
     return answer.json()["result"]  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("depth", [300, 600])
+async def test_arguments_nested_too_deeply_are_a_recorded_invalid_arguments_result(
+    servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection, depth: int
+) -> None:
+    """The SDK parses deeper JSON than a REST body may hold; past what toolgate can validate
+    and store, it is refused and recorded like any invalid argument, not an internal error."""
+    deep: Any = []
+    for _ in range(depth):
+        deep = [deep]
+    args = {"subject": "s", "body": "b", "attachments": deep}
+    result = await post_call(servers[0], auth, 9, "create_ticket", args)
+    assert result["isError"] is True, result
+    assert result["structuredContent"]["code"] == "invalid_arguments"
+    call = await db.fetchrow("SELECT state, code FROM calls")
+    assert (call["state"], call["code"]) == ("denied", "invalid_arguments")
+    assert await db.fetchval("SELECT count(*) FROM audit_events WHERE event = 'denied'") == 1
+    assert await effects(providers, TICKETS) == 0
+
+
 async def test_identical_calls_sent_at_once_open_one_request_for_approvers(
     servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
 ) -> None:

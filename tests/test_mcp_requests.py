@@ -44,3 +44,11 @@ def test_the_declared_elicitation_modes_decide_how_toolgate_may_ask() -> None:
     assert declared() == {"form"}  # an empty declaration predates URL mode: forms
     assert declared(url={}) == {"url"}
     assert declared(form={}, url={}) == {"form", "url"}
+
+
+def test_arguments_nested_deeper_than_python_writes_still_have_a_key() -> None:
+    """The SDK parses JSON nested far deeper than ``json.dumps`` writes it again."""
+    deep: object = []
+    for _ in range(5_000):
+        deep = [deep]
+    assert request_key("s", 1, "t", {"x": deep}) != request_key("s", 1, "t", {"x": []})

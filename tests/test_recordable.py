@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.canonical import SAFE_INTEGER, canonical
-from app.recordable import problems, recorded, storable
+from app.recordable import MAX_DEPTH, problems, recorded, storable
 
 texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=8) | st.sampled_from(
     ["\x00", "a\x00", "\ud800", "x\udfff", "\\u0000"]
@@ -84,3 +84,25 @@ def test_unstorable_texts_and_keys_are_named_and_recorded_escaped() -> None:
 def test_storable_text_is_valid_unicode_without_nul() -> None:
     assert [storable(t) for t in ("plain", "é\U0001f600", "")] == [True] * 3
     assert [storable(t) for t in ("\x00", "é\ud800", "\udfff")] == [False] * 3
+
+
+def nested(depth: int) -> Any:
+    """An array ``depth`` levels deep."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_a_value_nested_past_the_limit_is_named_and_recorded_cut_short() -> None:
+    """orjson writes and the schema validator reads only about 254 levels; an MCP request's
+    JSON may nest a thousand, and Python could not even walk that far to check it."""
+    assert problems({"a": nested(MAX_DEPTH - 1)}) == []
+    assert [p["path"] for p in problems({"a": nested(MAX_DEPTH)})] == [
+        "/a" + "/0" * (MAX_DEPTH - 1)
+    ]
+    form = recorded({"a": nested(5_000)})
+    assert problems(form) == []
+    assert orjson.loads(orjson.dumps(form)) == form
+    canonical(form)
+    assert problems(nested(5_000))

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import ValidationError
 
-from app import load
+from app import load, recordable
 from app.approvals import service as approvals
 from app.approvals.models import ApproveBody
 from app.auth.principal import Principal
@@ -109,8 +109,12 @@ Outcome = Done | Refused | Awaiting | Elicit
 def request_key(session: str, request_id: str | int, tool: str, arguments: Any) -> str:
     """The idempotency key of one JSON-RPC request in one session (the module's docstring).
     Any JSON the request carries has a key (ASCII, keys sorted: deterministic; the id's type
-    counts, as ``1`` and ``"1"`` are different ids)."""
-    material = json.dumps([session, request_id, tool, arguments], sort_keys=True)
+    counts, as ``1`` and ``"1"`` are different ids). The arguments count in their recorded
+    form, which is bounded in depth (the SDK parses JSON nested far deeper than Python can
+    write it again) and differs from them only where they are refused, never run."""
+    material = json.dumps(
+        [session, request_id, tool, recordable.recorded(arguments)], sort_keys=True
+    )
     return "mcp_" + hashlib.sha256(material.encode()).hexdigest()
 
 
