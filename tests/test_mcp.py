@@ -381,6 +381,23 @@ async def test_a_call_approved_outside_a_run_is_not_run_on_the_runs_account(
     assert await effects(providers, REFUNDS) == 0
 
 
+@pytest.mark.parametrize("malformed", [12345, ["run"], {"id": "run"}])
+async def test_a_run_id_that_is_not_a_string_is_refused_not_ignored(
+    servers: list[Instance],
+    auth: Auth,
+    providers: Providers,
+    db: asyncpg.Connection,
+    malformed: Any,
+) -> None:
+    """Taken as no run, the call would run outside the limits its client asked for."""
+    args = {"subject": "s", "body": "b"}
+    result = await post_call(servers[0], auth, 6, "create_ticket", args, meta={"run_id": malformed})
+    assert result["isError"] is True, result
+    assert result["structuredContent"]["code"] == "invalid_request"
+    assert await db.fetchval("SELECT count(*) FROM calls") == 0
+    assert await effects(providers, TICKETS) == 0
+
+
 async def test_a_stale_approval_is_previewed_again_and_put_back_to_the_approvers(
     servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
 ) -> None:

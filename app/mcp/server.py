@@ -21,6 +21,7 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
 from app.catalog.listing import listing
+from app.errors import InvalidRequest
 from app.mcp import calls
 from app.mcp.caller import Caller
 
@@ -54,6 +55,9 @@ async def call_tool(
     caller = Caller.of(ctx.request)
     meta = params.meta or {}
     run_id = meta.get("run_id")
+    if run_id is not None and not isinstance(run_id, str):
+        # Taken as absent, the call would escape the limits of the run its client meant.
+        return result(calls.Refused(InvalidRequest("_meta.run_id must be a run id (a string)")))
     answer = (params.input_responses or {}).get(calls.APPROVAL)
     ask = calls.Ask(
         principal=caller.principal,
@@ -61,7 +65,7 @@ async def call_tool(
         request_id=ctx.request_id if ctx.request_id is not None else "",
         tool=params.name,
         arguments=params.arguments or {},
-        run_id=run_id if isinstance(run_id, str) else None,
+        run_id=run_id,
         elicitation=elicitation_modes(ctx.session.client_capabilities),
         console=caller.base_url,
         answer=answer.model_dump(mode="json") if answer is not None else None,
