@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -268,6 +269,31 @@ async def test_an_archive_that_cannot_be_written_removes_nothing(
     assert await trail.conn.fetchval("SELECT count(*) FROM audit_archives") == 0
     assert await trail.conn.fetchval("SELECT count(*) FROM audit_anchor") == 0
     assert (await verify(trail.db)).ok
+
+
+async def test_an_archive_file_is_private_and_never_written_through_a_planted_link(
+    trail: Trail, tmp_path: Path
+) -> None:
+    """An archive holds every tenant's rows, so only toolgate's user may read it; and its
+    temporary name is predictable, so a link planted there by anyone who can write the
+    directory must not make the purger overwrite the file it points at (a key, say)."""
+    await write(trail.conn, A, 2)
+    await seal(trail)
+    victim = tmp_path / "audit-key.pem"
+    victim.write_bytes(b"the signing key")
+    directory = tmp_path / "archive"
+    directory.mkdir()
+    name = f"audit-{A:%Y-%m}-000000000001-000000000002.ndjson"
+    (directory / f".{name}.partial").symlink_to(victim)
+
+    assert await archive.remove_months(trail.db, end_of(A), directory) == 2
+
+    assert victim.read_bytes() == b"the signing key"
+    assert [p.name for p in directory.iterdir()] == [name]
+    written = directory / name
+    assert not written.is_symlink()
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert len(written.read_bytes().splitlines()) == 2
 
 
 async def test_a_database_with_sealed_rows_migrates_from_0014_and_its_chain_still_verifies(

@@ -40,6 +40,7 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
@@ -157,7 +158,7 @@ async def _write(
     temporary = directory / f".{name}.partial"
     digest, walk = hashlib.sha256(), chain.Walk(anchor.chain_pos, anchor.hash)
     try:
-        with temporary.open("wb") as out:
+        with _created(temporary) as out:
             while walk.chain_pos < last:
                 rows = await store.chain_page(conn, walk.chain_pos, last, PAGE)
                 walk = chain.check(walk, rows, last)
@@ -188,6 +189,15 @@ async def _write(
     return Archived(
         name, month, anchor.chain_pos + 1, last, anchor.hash, walk.hash, count, digest.hexdigest()
     )
+
+
+def _created(path: Path) -> BinaryIO:
+    """``path`` made afresh, readable and writable by this user only: an archive holds every
+    tenant's rows. Whatever is there first (a crashed pass's leftover, or a link planted by
+    anyone who can write the directory to have a key or a database file overwritten) is
+    removed, not written through: ``O_EXCL`` creates the file itself or fails."""
+    path.unlink(missing_ok=True)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
 
 
 @dataclass
