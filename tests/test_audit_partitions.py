@@ -5,8 +5,11 @@ the archive across the boundary; and a database with sealed rows migrated from 0
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 import stat
+import tracemalloc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -18,12 +21,13 @@ import pytest
 
 from app import retention
 from app.audit import archive, chain, sealer, store
-from app.audit.models import AuditRow, ChainHead
+from app.audit.models import Anchor, Archived, AuditRow, ChainHead
 from app.audit.service import verify
 from app.db import Database, Lock, migrate, migration_files
 from app.settings import Settings
 from tests.conftest import RUN, cli, fresh_database
 from tests.test_audit_chain import connect
+from tests.test_audit_hash import row
 
 NOW = datetime.now(UTC)
 THIS_MONTH = NOW.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
@@ -294,6 +298,41 @@ async def test_an_archive_file_is_private_and_never_written_through_a_planted_li
     assert not written.is_symlink()
     assert stat.S_IMODE(written.stat().st_mode) == 0o600
     assert len(written.read_bytes().splitlines()) == 2
+
+
+def archived_file(directory: Path, lines: list[bytes], last_hash: str) -> Archived:
+    """An archive file of ``lines`` (positions 1 on) and its record."""
+    content = b"".join(line + b"\n" for line in lines)
+    (directory / "audit.ndjson").write_bytes(content)
+    sha256 = hashlib.sha256(content).hexdigest()
+    return Archived("audit.ndjson", A, 1, len(lines), chain.GENESIS, last_hash, len(lines), sha256)
+
+
+def test_an_archive_file_is_checked_a_line_at_a_time(tmp_path: Path) -> None:
+    """A month's archive can hold gigabytes: checking it holds a line in memory, not the
+    file (nor every row of it parsed)."""
+    rows = [row(seq, reason="x" * 50_000) for seq in range(1, 201)]
+    sealed = chain.plan(ChainHead(0, chain.GENESIS, 0), rows, NOW, timedelta(0))
+    lines = [
+        orjson.dumps(
+            chain.item(
+                dataclasses.replace(r, chain_pos=s.chain_pos, prev_hash=s.prev_hash, hash=s.hash)
+            )
+        )
+        for r, s in zip(rows, sealed.seals, strict=True)
+    ]
+    record = archived_file(tmp_path, lines, sealed.head.hash)
+    assert (tmp_path / record.file).stat().st_size > 10_000_000
+
+    tracemalloc.start()
+    try:
+        checked = archive.check(tmp_path, [record], Anchor(200, sealed.head.hash), set())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert (checked.broken, checked.rows) == (None, 200)
+    assert peak < 2_000_000, f"{peak} bytes held to check a file of 10 MB"
 
 
 async def test_a_database_with_sealed_rows_migrates_from_0014_and_its_chain_still_verifies(

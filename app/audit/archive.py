@@ -249,32 +249,49 @@ def _follows(previous: Archived | None, archived: Archived) -> str | None:
 def _check_file(
     directory: Path, archived: Archived, wanted: set[int], checked: Checked
 ) -> str | None:
-    try:
-        content = (directory / archived.file).read_bytes()
-    except OSError as exc:
-        return f"archive file {archived.file} cannot be read: {exc.strerror}"
-    if hashlib.sha256(content).hexdigest() != archived.sha256:
-        return f"archive file {archived.file} does not match its recorded SHA-256: altered"
-    try:
-        items = [orjson.loads(line) for line in content.splitlines()]
-    except orjson.JSONDecodeError:
-        return f"archive file {archived.file} holds a line that is not JSON"
-    if not all(isinstance(item, dict) and isinstance(item.get("hash"), str) for item in items):
-        return f"archive file {archived.file} holds a line that is not an audit row"
+    """Read a line at a time: a month's file can hold gigabytes, more than the machine that
+    verifies it has memory for. Its SHA-256 is compared first, so an altered file is named
+    as such whatever else is wrong in it."""
+    name = f"archive file {archived.file}"
+    digest, lines = hashlib.sha256(), 0
     walk = chain.Walk(archived.first_pos - 1, archived.prev_hash)
-    for document in items:
-        walk = chain.check_items(walk, [document], archived.last_pos)
-        if walk.broken is not None:
-            return f"archive file {archived.file}, position {walk.broken.chain_pos}: " + (
-                walk.broken.reason
-            )
-        if walk.chain_pos in wanted:
-            checked.hashes[walk.chain_pos] = walk.hash
-    checked.rows += walk.checked
-    if (len(items), walk.chain_pos, walk.hash) != (
+    problem: str | None = None
+    hashes: dict[int, str] = {}
+    try:
+        with (directory / archived.file).open("rb") as content:
+            for line in content:
+                digest.update(line)
+                lines += 1
+                if problem is None:
+                    walk, problem = _next_row(walk, line, archived.last_pos)
+                    if problem is None and walk.chain_pos in wanted:
+                        hashes[walk.chain_pos] = walk.hash
+    except OSError as exc:
+        return f"{name} cannot be read: {exc.strerror}"
+    if digest.hexdigest() != archived.sha256:
+        return f"{name} does not match its recorded SHA-256: altered"
+    if problem is not None:
+        return name + problem
+    if (lines, walk.chain_pos, walk.hash) != (
         archived.rows,
         archived.last_pos,
         archived.last_hash,
     ):
-        return f"archive file {archived.file} does not hold the rows recorded for it"
+        return f"{name} does not hold the rows recorded for it"
+    checked.rows += walk.checked
+    checked.hashes.update(hashes)
     return None
+
+
+def _next_row(walk: chain.Walk, line: bytes, last_pos: int) -> tuple[chain.Walk, str | None]:
+    """``walk`` moved on by one line of an archive file, or what is wrong with the line."""
+    try:
+        document = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return walk, " holds a line that is not JSON"
+    if not (isinstance(document, dict) and isinstance(document.get("hash"), str)):
+        return walk, " holds a line that is not an audit row"
+    walk = chain.check_items(walk, [document], last_pos)
+    if walk.broken is not None:
+        return walk, f", position {walk.broken.chain_pos}: {walk.broken.reason}"
+    return walk, None
