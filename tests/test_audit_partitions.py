@@ -335,6 +335,28 @@ def test_an_archive_file_is_checked_a_line_at_a_time(tmp_path: Path) -> None:
     assert peak < 2_000_000, f"{peak} bytes held to check a file of 10 MB"
 
 
+@pytest.mark.parametrize(
+    "value",
+    [b"1152921504606846976", b"[" * 900 + b"]" * 900],
+    ids=["an integer JSON canonicalization refuses", "nesting too deep to canonicalize"],
+)
+def test_an_archived_line_no_row_could_be_is_named_not_a_crash(
+    tmp_path: Path, value: bytes
+) -> None:
+    """Published rows never hold such values (``chain.item``); a file that does, even with
+    its recorded SHA-256 forged to match, is a broken archive to report, not a traceback."""
+    document = chain.item(row(1)) | {"hash": chain.GENESIS, "reason": None}
+    line = orjson.dumps(document).replace(b'"reason":null', b'"reason":' + value)
+    record = archived_file(tmp_path, [line], chain.GENESIS)
+
+    checked = archive.check(tmp_path, [record], Anchor(1, chain.GENESIS), set())
+
+    assert checked.broken is not None
+    assert checked.broken.reason == (
+        "archive file audit.ndjson holds a line that is not an audit row"
+    )
+
+
 async def test_a_database_with_sealed_rows_migrates_from_0014_and_its_chain_still_verifies(
     admin_dsn: str,
 ) -> None:

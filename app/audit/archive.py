@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import orjson
+import rfc8785
 
 from app.audit import chain, store
 from app.audit.models import Anchor, Archived, Broken
@@ -289,9 +290,15 @@ def _next_row(walk: chain.Walk, line: bytes, last_pos: int) -> tuple[chain.Walk,
         document = orjson.loads(line)
     except orjson.JSONDecodeError:
         return walk, " holds a line that is not JSON"
+    not_a_row = " holds a line that is not an audit row"
     if not (isinstance(document, dict) and isinstance(document.get("hash"), str)):
-        return walk, " holds a line that is not an audit row"
-    walk = chain.check_items(walk, [document], last_pos)
+        return walk, not_a_row
+    try:
+        walk = chain.check_items(walk, [document], last_pos)
+    except (rfc8785.CanonicalizationError, RecursionError):
+        # What no published row holds (``chain.item`` keeps rows inside what JSON
+        # canonicalization takes): a forged line, reported like any other.
+        return walk, not_a_row
     if walk.broken is not None:
         return walk, f", position {walk.broken.chain_pos}: {walk.broken.reason}"
     return walk, None
