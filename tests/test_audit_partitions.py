@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import os
 import stat
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -354,6 +355,31 @@ def test_an_archived_line_no_row_could_be_is_named_not_a_crash(
     assert checked.broken is not None
     assert checked.broken.reason == (
         "archive file audit.ndjson holds a line that is not an audit row"
+    )
+
+
+@pytest.mark.parametrize("recorded", ["../elsewhere.ndjson", "{tmp}/elsewhere.ndjson", "fifo"])
+def test_verify_reads_only_regular_files_of_the_archive_directory(
+    tmp_path: Path, recorded: str
+) -> None:
+    """``audit_archives`` names the file: whoever can write the database must not make
+    verify read another file (or vouch for a copy kept elsewhere), nor wait forever on a
+    FIFO or a device such as ``/dev/zero``."""
+    directory = tmp_path / "archive"
+    directory.mkdir()
+    document = chain.item(row(1)) | {"prev_hash": chain.GENESIS}
+    line = orjson.dumps(document | {"hash": chain.row_hash(row(1), chain.GENESIS)})
+    record = archived_file(tmp_path, [line], json.loads(line)["hash"])
+    (tmp_path / record.file).rename(tmp_path / "elsewhere.ndjson")
+    os.mkfifo(directory / "fifo")
+    record = dataclasses.replace(record, file=recorded.format(tmp=tmp_path))
+    anchor = Anchor(1, record.last_hash)
+
+    checked = archive.check(directory, [record], anchor, set())
+
+    assert checked.broken is not None
+    assert checked.broken.reason == (
+        f"archive file {record.file} is not a file of the archive directory"
     )
 
 

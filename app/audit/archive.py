@@ -254,12 +254,18 @@ def _check_file(
     verifies it has memory for. Its SHA-256 is compared first, so an altered file is named
     as such whatever else is wrong in it."""
     name = f"archive file {archived.file}"
+    path = directory / archived.file
+    # The name comes from the database: only a plain name of a regular file, so that a
+    # database writer cannot have another file vouched for, or verify wait on a FIFO or
+    # read ``/dev/zero`` for ever.
+    if Path(archived.file).name != archived.file or (path.exists() and not path.is_file()):
+        return f"{name} is not a file of the archive directory"
     digest, lines = hashlib.sha256(), 0
     walk = chain.Walk(archived.first_pos - 1, archived.prev_hash)
     problem: str | None = None
     hashes: dict[int, str] = {}
     try:
-        with (directory / archived.file).open("rb") as content:
+        with path.open("rb") as content:
             for line in content:
                 digest.update(line)
                 lines += 1
