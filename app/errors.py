@@ -105,7 +105,8 @@ class ApprovalRequired(
 
 
 class ApprovalExpired(ToolgateError, status=403, code="approval_expired", title="Approval expired"):
-    """The approval presented for execution is past its expiry."""
+    """The approval presented for execution is past its expiry, or the request for a
+    decision an approver answers is past its approval window."""
 
 
 class ApprovalRejected(

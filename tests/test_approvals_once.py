@@ -408,6 +408,30 @@ async def test_a_call_nobody_decided_leaves_the_inbox_when_its_approval_window_p
     assert [i["call_id"] for i in await pending(flow.auth(**BOB))] == [refund]
 
 
+async def test_a_call_past_its_approval_window_can_no_longer_be_decided(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    """A tool without a preview: once its window passed, the call is out of the inbox, and
+    neither its history nor ``/approve`` may offer a decision any more (a previewed call's
+    window is its preview's, and a new preview opens it again)."""
+    lead = flow.auth("sam", roles="support_lead")
+    args = {"customer_id": "cus_dave", "email": "d@new.example"}
+    email = await flow.propose("update_customer_email", args, {"sub": "alice", "roles": "support"})
+    history = await flow.client.get(f"/calls/{email['call_id']}", headers=lead)
+    assert history.json()["may_decide"] is True
+    await db.execute("UPDATE calls SET pending_until = now() - interval '1 second'")
+    history = await flow.client.get(f"/calls/{email['call_id']}", headers=lead)
+    assert history.json()["may_decide"] is False
+    response = await flow.client.post(
+        "/approve",
+        json={"call_id": email["call_id"], "snapshot_hash": None, "decision": "approve"},
+        headers=lead,
+    )
+    assert (response.status_code, response.json()["code"]) == (403, "approval_expired")
+    assert await db.fetchval("SELECT count(*) FROM approvals") == 0
+    assert await db.fetchval("SELECT state FROM calls") == "awaiting_approval"
+
+
 async def test_the_inbox_lists_a_call_once_by_its_latest_decision(
     flow: Flow, providers: Providers, db: asyncpg.Connection
 ) -> None:

@@ -24,6 +24,7 @@ from app.catalog.models import Tool
 from app.db import Connection
 from app.errors import (
     ApprovalConsumed,
+    ApprovalExpired,
     ApprovalMismatch,
     ApprovalRejected,
     ApproverForbidden,
@@ -179,6 +180,12 @@ def _binding(
         fingerprint, snapshot_hash = latest.fingerprint, latest.snapshot_hash
         base_version = latest.policy_version
     else:
+        if call.state == "awaiting_approval" and not call.pending(datetime.now(UTC)):
+            raise ApprovalExpired(
+                "the request for a decision on this call has expired; the call must be "
+                "proposed again",
+                call_id=call.id,
+            )
         base_version = call.policy_version
     mismatch = [
         name

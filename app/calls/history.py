@@ -10,7 +10,7 @@ now must judge what they approve, so the answer gives them the masked values bes
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from app.approvals import store as approvals
@@ -44,7 +44,7 @@ def may_decide(state: AppState, principal: Principal, call: CallRow) -> bool:
     the pending inbox) and they are one of its approvers."""
     tool = state.catalog.tools.get(call.tool)
     return bool(
-        call.state == "awaiting_approval"
+        call.pending(datetime.now(UTC))
         and tool is not None
         and tool.approval is not None
         and policy.may_approve(principal, call.actor, call.tenant, tool.approval.approvers)

@@ -194,6 +194,14 @@ class CallRow(NamedTuple):
             return None
         return {"type": self.target_type, "id": self.target_id}
 
+    def pending(self, now: datetime) -> bool:
+        """Whether the call awaits a decision at ``now``: it is in the approvers' inbox."""
+        return (
+            self.state == "awaiting_approval"
+            and self.pending_until is not None
+            and self.pending_until > now
+        )
+
 
 class DryRunBody(Body):
     call_id: Text = Field(min_length=1, max_length=200)
