@@ -233,3 +233,29 @@ async def test_another_actors_run_cannot_be_used(flow: Flow, db: asyncpg.Connect
     assert (response.status_code, response.json()["code"]) == (404, "not_found")
     assert await db.fetchval("SELECT count(*) FROM calls") == 0
     assert (await flow.client.get(f"/runs/{run_id}", headers=flow.auth("bob"))).status_code == 404
+
+
+async def test_an_approval_of_a_runs_call_spends_that_runs_budget_whatever_the_body_says(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """Executing by ``approval_id`` alone runs the approval's call, which belongs to its run:
+    leaving ``run_id`` out, or naming another run, must not spend past that run's limits."""
+    run_id = await start_run(flow, max_cost=0.5)
+    other_run = await start_run(flow)
+    proposal = await flow.post(
+        "/propose", {"tool": "issue_refund", "arguments": refund_args(), "run_id": run_id}
+    )
+    preview = await flow.dry_run(proposal.json()["call_id"])
+    approval = await flow.approve(proposal.json()["call_id"], preview["snapshot_hash"])
+    approval_id = approval.json()["approval_id"]
+    elsewhere = await flow.execute(
+        "issue_refund", refund_args(), new_key(), approval_id=approval_id, run_id=other_run
+    )
+    assert (elsewhere.status_code, elsewhere.json()["code"]) == (400, "invalid_request")
+    outside = await flow.execute("issue_refund", refund_args(), new_key(), approval_id=approval_id)
+    assert (outside.status_code, outside.json()["code"]) == (429, "run_limit_exceeded")
+    assert outside.json()["limit"] == "max_cost"
+    assert (await providers.stats())["effects"] == 0
+    assert (await run_state(flow, run_id))["status"] == "failed"
+    assert (await run_state(flow, other_run))["counters"]["cost"] == 0
+    assert await db.fetchval("SELECT consumed_by FROM approvals WHERE id = $1", approval_id) is None

@@ -10,6 +10,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from app import telemetry
+from app.approvals import store as approvals
 from app.auth.principal import Principal
 from app.calls import egress, policy, store
 from app.calls.models import Authorized, CallRow, Request
@@ -115,4 +116,20 @@ async def visible_call(state: AppState, principal: Principal, call_id: str) -> C
         row = await store.get(conn, call_id)
     if row is None or row.tenant != principal.tenant or row.actor != principal.sub:
         raise NotFound("no such call")
+    return row
+
+
+async def approved_call(
+    state: AppState, principal: Principal, approval_id: str | None
+) -> CallRow | None:
+    """The actor's own call that ``approval_id`` was given for, or ``None`` (no approval
+    named, or none of the actor's: it is refused where approvals are checked). An
+    execution by approval alone runs that call, so it counts against that call's run."""
+    if approval_id is None:
+        return None
+    async with state.db.connection() as conn:
+        approval = await approvals.get(conn, approval_id)
+        row = await store.get(conn, approval.call_id) if approval else None
+    if row is None or row.tenant != principal.tenant or row.actor != principal.sub:
+        return None
     return row

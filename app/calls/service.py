@@ -17,7 +17,7 @@ from app.approvals import store as approvals
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import gates, mutation, store
-from app.calls.authorization import authorize, check_run, visible_call
+from app.calls.authorization import approved_call, authorize, check_run, visible_call
 from app.calls.models import (
     FINAL,
     SETTLED,
@@ -117,11 +117,13 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
 async def execute(
     state: AppState, principal: Principal, body: ExecuteBody, key: IdempotencyKey
 ) -> Answer:
-    """Run a call now, re-authorized from scratch: reads here, mutations exactly once."""
+    """Run a call now, re-authorized from scratch: reads here, mutations exactly once. A
+    call named by ``call_id`` or ``approval_id`` runs in that call's run, and no other."""
     existing = await visible_call(state, principal, body.call_id) if body.call_id else None
-    if existing is not None and body.run_id not in (None, existing.run_id):
-        raise InvalidRequest("run_id differs from the run of call_id")
-    run_id = body.run_id or (existing.run_id if existing else None)
+    named = existing or await approved_call(state, principal, body.approval_id)
+    if named is not None and body.run_id not in (None, named.run_id):
+        raise InvalidRequest("run_id differs from the run of the call it executes")
+    run_id = body.run_id or (named.run_id if named else None)
     tool_name, arguments = _what_to_run(body, existing)
     request = Request.under(state.catalog, principal, tool_name, arguments, run_id)
     await check_run(state, principal, run_id)
