@@ -259,3 +259,40 @@ async def test_an_approval_of_a_runs_call_spends_that_runs_budget_whatever_the_b
     assert (await run_state(flow, run_id))["status"] == "failed"
     assert (await run_state(flow, other_run))["counters"]["cost"] == 0
     assert await db.fetchval("SELECT consumed_by FROM approvals WHERE id = $1", approval_id) is None
+
+
+async def blocked_on_a_lock(db: asyncpg.Connection) -> None:
+    """Wait until another session of this database waits for a row lock."""
+    for _ in range(200):
+        waiting = await db.fetchval(
+            """
+            SELECT count(*) FROM pg_stat_activity
+            WHERE datname = current_database() AND wait_event_type = 'Lock'
+            """
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("nothing waited for the lock")
+
+
+async def test_a_call_racing_the_runs_finish_is_told_how_the_run_really_ended(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    """A call admitted while the run is being finished must not read as a limit that was
+    never reached (``max_calls``, ``failed``, recoverable): the orchestrator would retry a
+    run a human handed off."""
+    run_id = await start_run(flow)
+    async with db.transaction():
+        await db.execute(
+            "UPDATE runs SET status = 'handed_off', finished_at = now() WHERE id = $1", run_id
+        )
+        racing = asyncio.ensure_future(propose(flow, run_id))
+        await blocked_on_a_lock(db)
+    refused = await racing
+    assert (refused.status_code, refused.json()["code"]) == (429, "run_limit_exceeded")
+    assert refused.json()["run_status"] == "handed_off"
+    assert refused.json()["limit"] is None
+    assert refused.json()["recoverable"] is False
+    state = await run_state(flow, run_id)
+    assert (state["status"], state["limit"]) == ("handed_off", None)

@@ -49,9 +49,13 @@ async def create(state: AppState, principal: Principal, body: RunBody) -> dict[s
     return {"run_id": run.id, "status": "active", "limits": run.limits}
 
 
-async def visible(conn: Connection, principal: Principal, run_id: str) -> RunRow:
-    """The principal's own run; anyone else's is indistinguishable from a missing one."""
-    run = await store.get(conn, run_id)
+async def visible(
+    conn: Connection, principal: Principal, run_id: str, *, lock: bool = False
+) -> RunRow:
+    """The principal's own run; anyone else's is indistinguishable from a missing one.
+    ``lock`` it to decide on it: a finish or admission committed meanwhile is then seen,
+    never answered as a limit the run did not reach."""
+    run = await store.get(conn, run_id, lock=lock)
     if run is None or (run.tenant, run.actor) != (principal.tenant, principal.sub):
         raise NotFound("no such run")
     return run
@@ -69,7 +73,7 @@ async def admit(
 ) -> ToolgateError | None:
     """Count one call against the run in the caller's transaction, or end the run and return
     the 429 the caller must record as this call's denial and then answer."""
-    run = await visible(conn, principal, run_id)
+    run = await visible(conn, principal, run_id, lock=True)
     if run.status != "active":
         return RunLimitExceeded(
             f"the run has ended ({run.status})",
@@ -227,7 +231,7 @@ async def finish(
     state: AppState, principal: Principal, run_id: str, body: FinishBody
 ) -> dict[str, Any]:
     async with state.db.transaction() as conn:
-        run = await visible(conn, principal, run_id)
+        run = await visible(conn, principal, run_id, lock=True)
         if not await _end(conn, state.catalog, run, body.status, body.reason):
             raise InvalidRequest(f"the run has already ended ({run.status})", run_id=run.id)
     return await read(state, principal, run_id)

@@ -17,8 +17,11 @@ async def insert(conn: Connection, run: RunRow) -> None:
     await conn.execute(_INSERT.sql, *_INSERT.values(run))
 
 
-async def get(conn: Connection, run_id: str) -> RunRow | None:
-    row = await conn.fetchrow("SELECT * FROM runs WHERE id = $1", run_id)
+async def get(conn: Connection, run_id: str, *, lock: bool = False) -> RunRow | None:
+    """The run; with ``lock``, its row locked until the transaction ends, so that what is
+    read (status, counters) is what a later change in the same transaction acts on."""
+    sql = "SELECT * FROM runs WHERE id = $1" + (" FOR UPDATE" if lock else "")
+    row = await conn.fetchrow(sql, run_id)
     return RunRow(**dict(row)) if row else None
 
 
