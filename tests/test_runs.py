@@ -296,3 +296,30 @@ async def test_a_call_racing_the_runs_finish_is_told_how_the_run_really_ended(
     assert refused.json()["recoverable"] is False
     state = await run_state(flow, run_id)
     assert (state["status"], state["limit"]) == ("handed_off", None)
+
+
+async def test_a_run_out_of_time_or_failures_reads_as_failed_before_any_call_is_refused(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """An orchestrator that polls its run must not read ``active`` for a run that can admit
+    no call any more, nor finish it ``completed`` after its limit ended it."""
+    late = await start_run(flow, max_seconds=1)
+    await asyncio.sleep(1.2)
+    state = await run_state(flow, late)
+    assert (state["status"], state["limit"], state["recoverable"]) == (
+        "failed",
+        "max_seconds",
+        True,
+    )
+    assert await db.fetchval("SELECT status FROM runs WHERE id = $1", late) == "failed"
+    finished = await flow.post(f"/runs/{late}/finish", {"status": "completed"})
+    assert (finished.status_code, finished.json()["code"]) == (400, "invalid_request")
+
+    failing = await start_run(flow, max_failures=1)
+    await providers.fault("/support/tickets", "status_500", count=1)
+    failed = await flow.execute(
+        "create_ticket", {"subject": "one", "body": "b"}, new_key(), run_id=failing
+    )
+    assert failed.status_code == 504
+    state = await run_state(flow, failing)
+    assert (state["status"], state["limit"]) == ("failed", "max_failures")

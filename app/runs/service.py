@@ -91,9 +91,7 @@ async def admit(
         return RepeatedCall(reason, run_id=run.id, run_status="needs_clarification")
     if await store.admit(conn, run.id, 1 if new_call else 0, cost):
         return None
-    limit = _exceeded(run, 1 if new_call else 0, cost)
-    reason = f"{limit} reached"
-    await _end(conn, catalog, run, "failed", reason, recoverable=True, limit_name=limit)
+    limit = await _fail(conn, catalog, run, 1 if new_call else 0, cost)
     return RunLimitExceeded(
         f"the run's {limit} is reached",
         run_id=run.id,
@@ -124,10 +122,40 @@ async def _end(
     return True
 
 
+async def _fail(conn: Connection, catalog: Catalog, run: RunRow, calls: int, cost: float) -> str:
+    """End the run ``failed``, recoverably, naming the limit that refused ``calls`` more
+    calls at ``cost``; that limit."""
+    limit = _exceeded(run, calls, cost)
+    reason = f"{limit} reached"
+    await _end(conn, catalog, run, "failed", reason, recoverable=True, limit_name=limit)
+    return limit
+
+
+def _spent(run: RunRow) -> bool:
+    """Whether an active run can admit no call at all any more: its time is up or its
+    failures are at their limit. It has ended, though no call was refused yet to say so."""
+    return run.status == "active" and (_outlived(run) or run.failures >= run.max_failures)
+
+
+def _outlived(run: RunRow) -> bool:
+    assert run.created_at is not None
+    return datetime.now(UTC) > run.created_at + timedelta(seconds=run.max_seconds)
+
+
+async def _settled(state: AppState, principal: Principal, run_id: str) -> RunRow:
+    """The run, ended ``failed`` first if it is spent: a run is read (and finished) as what
+    the next call would find, never ``active`` past a limit because nobody called since."""
+    async with state.db.transaction() as conn:
+        run = await visible(conn, principal, run_id, lock=True)
+        if not _spent(run):
+            return run
+        await _fail(conn, state.catalog, run, 0, 0.0)
+        return await visible(conn, principal, run_id)
+
+
 def _exceeded(run: RunRow, calls: int, cost: float) -> str:
     """Which limit refused the call (as seen just before; the UPDATE was the real judge)."""
-    assert run.created_at is not None
-    if datetime.now(UTC) > run.created_at + timedelta(seconds=run.max_seconds):
+    if _outlived(run):
         return "max_seconds"
     if run.failures >= run.max_failures:
         return "max_failures"
@@ -189,6 +217,8 @@ async def read(state: AppState, principal: Principal, run_id: str) -> dict[str, 
         run = await visible(conn, principal, run_id)
         waiting = await store.awaiting_approval(conn, run.id)
         calls = await store.calls_of(conn, run.id)
+    if _spent(run):
+        run = await _settled(state, principal, run_id)
     status = "awaiting_approval" if run.status == "active" and waiting else run.status
     body: dict[str, Any] = {
         "run_id": run.id,
@@ -230,6 +260,7 @@ def _elapsed(run: RunRow) -> float:
 async def finish(
     state: AppState, principal: Principal, run_id: str, body: FinishBody
 ) -> dict[str, Any]:
+    await _settled(state, principal, run_id)  # committed even when the finish is refused
     async with state.db.transaction() as conn:
         run = await visible(conn, principal, run_id, lock=True)
         if not await _end(conn, state.catalog, run, body.status, body.reason):
