@@ -108,8 +108,17 @@ def test_non_ascii_values_are_still_matched_inside_longer_texts() -> None:
 
 
 def test_every_string_of_a_result_is_remembered_keys_included() -> None:
-    result = {"items": [{"note": "a", "n": 1}, "b"], "k": None}
-    assert sorted(strings(result)) == ["a", "b", "items", "k", "n", "note"]
+    result = {"items": [{"note": "a", "n": 1}, "b"], "k": None, "f": 2.5, "ok": True}
+    assert sorted(strings(result)) == ["1", "2.5", "a", "b", "f", "items", "k", "n", "note", "ok"]
+
+
+def test_a_number_in_a_result_taints_the_same_digits_passed_as_a_string() -> None:
+    """A result's account number is as untrusted as a string would be: a JSON number is
+    text the model read, and it copies it into a string argument just the same."""
+    recall = recall_of({"call_read": {"account": 4111111111111111, "balance": 12345678.5}})
+    assert taint_of({"account": "4111 1111 1111 1111"}, recall) == [("account", "call_read")]
+    assert taint_of({"reference": "12345678.5"}, recall) == [("reference", "call_read")]
+    assert taint_of({"account": "4111111111111112"}, recall) == []
 
 
 def test_a_result_echoing_the_calls_own_arguments_is_not_news() -> None:

@@ -1,12 +1,12 @@
 """Provenance as pure functions: which argument strings came from untrusted results.
 
-A run remembers every string toolgate returned to it in a result (keys and values) as the
-set of its **windows**: the 8-character slices of its normalized form, each as a 64-bit
-number. A string argument is **tainted** when its normalized form has at least 8
-characters, does not occur in the run's normalized task, and every one of its characters
-lies in some window the run remembers. That holds when the argument occurs inside one
-remembered value, and also when it was pieced together from parts of at least 8 characters
-each, taken from one or several values (a split value).
+A run remembers every string toolgate returned to it in a result (keys and values, and the
+text of numbers) as the set of its **windows**: the 8-character slices of its normalized
+form, each as a 64-bit number. A string argument is **tainted** when its normalized form
+has at least 8 characters, does not occur in the run's normalized task, and every one of
+its characters lies in some window the run remembers. That holds when the argument occurs
+inside one remembered value, and also when it was pieced together from parts of at least 8
+characters each, taken from one or several values (a split value).
 
 Normalization (both sides, so case, padding, spacing and accents do not hide a value):
 NFKC, case folding, then NFKD, which takes accents off their letters as combining marks;
@@ -92,9 +92,13 @@ def _window(window: str) -> int:
 
 
 def strings(value: Any) -> Iterator[str]:
-    """Every string in a JSON value: object keys and string leaves, at any depth."""
+    """Every string in a JSON value: object keys and string leaves, at any depth, and the
+    text of its numbers (an account number sent as a JSON number is read by the model, and
+    copied into a string argument, just like one sent as a string)."""
     if isinstance(value, str):
         yield value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield repr(value)
     elif isinstance(value, dict):
         for key, item in value.items():
             yield key
