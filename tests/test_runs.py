@@ -98,6 +98,39 @@ async def test_running_one_call_again_and_again_counts_every_run_after_the_first
     assert (await providers.stats())["effects_by_path"].get("/support/tickets") == 2
 
 
+async def test_parallel_runs_of_one_call_count_every_run_after_the_first(
+    flow: Flow, providers: Providers
+) -> None:
+    """Parallel executes of one proposed call, with as many keys, are as many calls: only
+    one of them is the call its proposal counted, or a loop could act past ``max_calls``
+    by sending its re-runs at once."""
+    ticket_run = await start_run(flow, max_calls=1)
+    ticket = await flow.post(
+        "/propose",
+        {"tool": "create_ticket", "arguments": {"subject": "s", "body": "b"}, "run_id": ticket_run},
+    )
+    answers = await asyncio.gather(
+        *(
+            flow.post(
+                "/execute",
+                {"call_id": ticket.json()["call_id"]},
+                headers={"Idempotency-Key": new_key()},
+            )
+            for _ in range(5)
+        )
+    )
+    assert sorted(a.status_code for a in answers) == [200] + [429] * 4
+    assert (await providers.stats())["effects_by_path"]["/support/tickets"] == 1
+    assert (await run_state(flow, ticket_run))["counters"]["calls"] == 1
+
+    read_run = await start_run(flow, max_calls=1)
+    call_id = (await propose(flow, read_run)).json()["call_id"]
+    answers = await asyncio.gather(*(flow.post("/execute", {"call_id": call_id}) for _ in range(5)))
+    assert sorted(a.status_code for a in answers) == [200] + [429] * 4
+    state = await run_state(flow, read_run)
+    assert state["calls"][0]["state"] == "succeeded"
+
+
 async def test_parallel_calls_never_overspend_max_calls(flow: Flow) -> None:
     run_id = await start_run(flow, max_calls=5)
     responses = await asyncio.gather(*(propose(flow, run_id) for _ in range(20)))

@@ -158,6 +158,8 @@ SETTLED = ("approved", "rejected", *STARTED)
 """A human has decided or an execution has begun: a new preview does not reopen the call."""
 FINAL = ("rejected", *STARTED)
 """No later decision changes the call's state (a denial is still audited)."""
+OUTCOMES = ("rejected", "succeeded", "failed", "unknown")
+"""``FINAL`` but ``executing``: what an execution's own outcome does not overwrite."""
 
 
 class CallRow(NamedTuple):

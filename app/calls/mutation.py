@@ -413,11 +413,9 @@ class Execution:
         new_call = existing is None and approval is None
         try:
             async with self.state.db.transaction() as conn:
+                counted = await recording.counts_as_call(conn, existing)  # call, then run
                 refusal = await recording.admit_to_run(
-                    conn,
-                    authorized,
-                    new_call=approval is None and recording.counts_as_call(existing),
-                    cost=tool.cost,
+                    conn, authorized, new_call=approval is None and counted, cost=tool.cost
                 )
                 if refusal is not None:
                     await recording.write_denial(

@@ -162,11 +162,14 @@ async def write_denial(
     telemetry.decided(request, call_id, error.code)
 
 
-def counts_as_call(existing: CallRow | None) -> bool:
+async def counts_as_call(conn: Connection, existing: CallRow | None) -> bool:
     """Whether an execute counts one more call against its run: always, unless it names an
     earlier call that has not run yet (its proposal was counted). Running a call again is
-    another call, or re-executing one call id would loop past ``max_calls``."""
-    return existing is None or existing.state in STARTED
+    another call, or re-executing one call id would loop past ``max_calls``. Judged on the
+    call's row, locked until the caller's transaction ends, in which an uncounted execution
+    marks the call started (``executing``): of parallel executions of one call id only one
+    is the proposal's, and every other one counts."""
+    return existing is None or await store.lock(conn, existing.id) in STARTED
 
 
 async def admit_to_run(

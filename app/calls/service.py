@@ -20,6 +20,7 @@ from app.calls import gates, mutation, store
 from app.calls.authorization import approved_call, authorize, check_run, visible_call
 from app.calls.models import (
     FINAL,
+    OUTCOMES,
     SETTLED,
     Answer,
     Authorized,
@@ -167,9 +168,8 @@ async def _read(
     gates.check_same_call(existing, call)
     if request.run_id is not None:
         async with state.db.transaction() as conn:
-            refusal = await admit_to_run(
-                conn, authorized, new_call=counts_as_call(existing), cost=tool.cost
-            )
+            counted = await counts_as_call(conn, existing)
+            refusal = await admit_to_run(conn, authorized, new_call=counted, cost=tool.cost)
             if refusal is not None:
                 await write_denial(
                     conn,
@@ -180,6 +180,8 @@ async def _read(
                     new_call=existing is None,
                     deny_call=False,
                 )
+            elif not counted:
+                await store.set_state(conn, call_id, "executing")
         if refusal is not None:
             raise refusal
     try:
@@ -259,8 +261,8 @@ async def _write_call(
     statement."""
     if existing is None:
         await store.insert_with_audit(conn, row, event)
-    else:
-        await store.set_state_with_audit(conn, row.id, row.state, event)
+    else:  # from executing (a run's read marks its call started) to its outcome
+        await store.set_state_with_audit(conn, row.id, row.state, event, keep=OUTCOMES)
 
 
 async def _approved_elsewise(conn: Connection, call: CallRow, snapshot_hash: str) -> bool:

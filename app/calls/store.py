@@ -32,16 +32,21 @@ async def insert_with_audit(conn: Connection, call: CallRow, event: AuditEvent) 
 
 
 async def set_state_with_audit(
-    conn: Connection, call_id: str, state: str, event: AuditEvent
+    conn: Connection,
+    call_id: str,
+    state: str,
+    event: AuditEvent,
+    *,
+    keep: tuple[str, ...] = FINAL,
 ) -> None:
-    """Record ``event`` and move the call to ``state``, unless the call is already past
-    deciding (``FINAL``): a later denial is audited but never rewrites a rejection or an
-    execution that began."""
+    """Record ``event`` and move the call to ``state``, unless the call is already in one of
+    the states ``keep``, by default past deciding (``FINAL``): a later denial is audited but
+    never rewrites a rejection or an execution that began."""
     await append_after(
         conn,
         "change AS (UPDATE calls SET state = CASE WHEN state = ANY($3) THEN state ELSE $2 END,"
         " updated_at = now() WHERE id = $1 RETURNING 1)",
-        (call_id, state, list(FINAL)),
+        (call_id, state, list(keep)),
         event,
     )
 
