@@ -31,6 +31,7 @@ router = APIRouter()
         errors.ApprovalMismatch,
         errors.ApprovalConsumed,
         errors.ApprovalRejected,
+        errors.ApprovalExpired,
         errors.DryRunRequired,
     ),
 )
