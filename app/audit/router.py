@@ -34,6 +34,21 @@ def _instant(name: str, value: str | None) -> datetime | None:
         raise InvalidRequest(f"{name} is not a valid date-time") from None
 
 
+FILTERS = ("tenant", "actor", "tool", "call_id", "run_id", "event", "since", "until")
+
+
+def _only(request: Request, *names: str) -> None:
+    """Refuse a query parameter the endpoint does not know, or one given twice: a misspelt
+    filter (``tenat=acme``) would otherwise widen the listing to every row the caller may
+    read, and a repeated one be read differently by a proxy in front."""
+    given = [name for name, _ in request.query_params.multi_items()]
+    unknown = sorted(set(given) - {*FILTERS, *names})
+    if unknown:
+        raise InvalidRequest(f"unknown query parameter {unknown[0]!r}")
+    if len(given) != len(set(given)):
+        raise InvalidRequest("a query parameter is given more than once")
+
+
 async def audit_filter(
     tenant: str | None = None,
     actor: str | None = None,
@@ -65,9 +80,11 @@ async def audit_page(
     principal: CurrentPrincipal,
     state: State,
     where: Filter,
+    request: Request,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
 ) -> JSON:
+    _only(request, "limit", "cursor")
     return JSON(await service.page(state, principal, where, limit, cursor))
 
 
@@ -82,8 +99,13 @@ async def audit_page(
     },
 )
 async def audit_export(
-    principal: CurrentPrincipal, state: State, where: Filter, cursor: str | None = None
+    request: Request,
+    principal: CurrentPrincipal,
+    state: State,
+    where: Filter,
+    cursor: str | None = None,
 ) -> StreamingResponse:
+    _only(request, "cursor")
     lines = await service.export(state, principal, where, cursor)
     return StreamingResponse(lines, media_type="application/x-ndjson")
 
