@@ -406,6 +406,31 @@ async def test_a_5xx_after_the_effect_is_reconciled_not_repeated(
     assert await effects(providers, "/support/tickets") == 1
 
 
+async def test_a_record_resolved_after_its_retention_still_replays(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """Retention runs from the outcome, not the claim: a record that stayed unknown past its
+    expiry, once reconciled, must not be forgotten at once, or the client's next retry with
+    the same key would be a first call and act a second time."""
+    await providers.fault("/support/tickets", "status_500_after_effect")
+    key = new_key()
+    args = {"subject": "s", "body": "b"}
+    first = await flow.execute("create_ticket", args, key)
+    assert (first.status_code, first.json()["status"]) == (504, "unknown")
+    await db.execute(  # claimed a day ago, with a day's retention: run out while unknown
+        "UPDATE executions SET created_at = now() - interval '1 day' - interval '1 second',"
+        " expires_at = now() - interval '1 second'"
+    )
+    reconciled = await flow.execute("create_ticket", args, key)
+    assert reconciled.json()["status"] == "succeeded", reconciled.text
+    again = await flow.execute("create_ticket", args, key)
+    assert again.status_code == 200, again.text
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    assert again.json() == {**reconciled.json(), "replayed": True}
+    assert await effects(providers, "/support/tickets") == 1
+    assert await db.fetchval("SELECT expires_at > now() FROM executions") is True
+
+
 async def test_a_redirect_is_never_followed(flow: Flow, providers: Providers) -> None:
     await providers.fault("/support/tickets", "redirect")
     response = await flow.execute("create_ticket", {"subject": "s", "body": "b"}, new_key())

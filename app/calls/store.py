@@ -156,7 +156,8 @@ async def claim(conn: Connection, execution: ExecutionRow, call: CallRow | None 
 _FINISH = """
     change AS (
         UPDATE executions
-        SET state = $2, provider_status = $3, response = $4, updated_at = now()
+        SET state = $2, provider_status = $3, response = $4, updated_at = now(),
+            expires_at = now() + (expires_at - created_at)
         WHERE operation_id = $1 AND state IN ('in_flight', 'unknown') AND state <> $2
         RETURNING call_id
     ),
@@ -176,7 +177,9 @@ async def finish(
 ) -> bool:
     """Record an outcome on the execution and its call, with ``event`` when given, in one
     statement; only an open record (in flight or unknown) may change, and a record already
-    unknown does not become unknown again (no second audit row)."""
+    unknown does not become unknown again (no second audit row). The record's retention
+    restarts from its outcome: one resolved after a long unknown would otherwise be forgotten
+    at once, and the client's next retry with its key would act a second time."""
     args = (operation_id, state, provider_status, response)
     if event is not None:
         return await append_after(conn, _FINISH, args, event)
