@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -69,14 +70,32 @@ class Response(NamedTuple):
     elapsed_ms: float
 
 
+class _Attempt:
+    """What aiohttp's tracing saw of one request: whether it was written to a pooled
+    connection. aiohttp resends a PUT or DELETE that failed on a reused connection over a
+    new one; if that connect fails, its error says "not connected" of a request the first
+    try may have delivered, so it is ``Uncertain``, not ``NotSent``."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _on_reuse(_session: aiohttp.ClientSession, context: SimpleNamespace, _: object) -> None:
+    context.trace_request_ctx.reused = True
+
+
 class Outbound:
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=256, ttl_dns_cache=60)
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_reuseconn.append(_on_reuse)
         self._session = aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trace_configs=[tracing]
         )
 
     async def close(self) -> None:
@@ -110,6 +129,7 @@ class Outbound:
             target = URL(url, encoded=True)
         except ValueError as exc:
             raise NotSent(f"invalid URL: {exc}") from exc
+        attempt = _Attempt()
         try:
             async with self._session.request(
                 method,
@@ -119,6 +139,7 @@ class Outbound:
                 params=params,
                 timeout=_timeout(timeout_s),
                 allow_redirects=False,
+                trace_request_ctx=attempt,
             ) as response:
                 status = response.status
                 if status_only:
@@ -127,6 +148,8 @@ class Outbound:
                 else:
                     raw = await _read(response, max_bytes)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            if attempt.reused:  # a resend's connect failed; the first try may have landed
+                raise Uncertain(f"{type(exc).__name__} on resending: {exc}") from exc
             raise NotSent(f"{type(exc).__name__}: {exc}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise Uncertain(f"{type(exc).__name__}: {exc}") from exc

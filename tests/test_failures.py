@@ -187,3 +187,88 @@ async def test_expired_records_are_purged_and_their_key_may_be_used_again(
     async with app.state.toolgate.db.transaction() as conn:  # type: ignore[attr-defined]
         assert await store.purge_expired(conn, 1000) == 1
     assert await db.fetchval("SELECT count(*) FROM executions") == 0
+
+
+KEPT_ALIVE_CATALOG = """
+version: "kept-alive-1"
+providers:
+  flaky: {base_url: "http://127.0.0.1:${FLAKY_PORT}", timeout_s: 2}
+resources:
+  thing:
+    provider: flaky
+    owner: {method: GET, path: "/things/{id}/owner"}
+tools:
+  set_thing:
+    mutation: true
+    provider: flaky
+    execute: {method: PUT, path: "/things/{thing_id}"}
+    access: {roles: [support]}
+    parameters:
+      type: object
+      additionalProperties: false
+      required: [thing_id]
+      properties:
+        thing_id: {type: string, x-resource: thing}
+"""
+
+
+class DroppingProvider:
+    """A provider that answers the owner lookup on a kept-alive connection, then performs
+    the PUT that comes on that same connection and goes away without answering: it drops
+    the connection and stops listening, as a provider that crashes right after acting."""
+
+    def __init__(self) -> None:
+        self.effects = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self.server is not None
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                lines = head.decode().split("\r\n")
+                length = next(
+                    (
+                        int(v)
+                        for k, _, v in (h.partition(":") for h in lines[1:])
+                        if k.lower() == "content-length"
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                if lines[0].startswith("PUT "):
+                    self.effects += 1
+                    self.server.close()
+                    writer.close()
+                    return
+                body = b'{"tenant": "acme", "user": "alice"}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            writer.close()
+
+
+async def test_a_put_dropped_after_it_reached_the_provider_is_unknown_not_unsent(
+    env: dict[str, str], auth: Auth, tmp_path: Path, db: asyncpg.Connection
+) -> None:
+    """An idempotent-method request that fails on a reused connection is retried by the HTTP
+    library on a new one; that reconnect failing does not make the first send unsent. The
+    provider may have acted: the key is kept and the outcome is unknown (504), never "nothing
+    ran", which would free the key (and the approval) for a second effect."""
+    provider = DroppingProvider()
+    port = await provider.start()
+    (tmp_path / "flaky.yaml").write_text(KEPT_ALIVE_CATALOG)
+    catalog = {"TOOLGATE_CATALOG": str(tmp_path), "FLAKY_PORT": str(port)}
+    async with running_app({**env, **catalog}) as client:
+        flow = Flow(client, auth)
+        response = await flow.execute("set_thing", {"thing_id": "th_1"}, new_key())
+    assert provider.effects == 1
+    assert (response.status_code, response.json()["code"]) == (504, "provider_timeout")
+    assert response.json()["status"] == "unknown"
+    assert await db.fetchval("SELECT state FROM executions") == "unknown"
