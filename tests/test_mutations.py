@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
 from app.catalog.loader import load
-from tests.conftest import Providers, running_app
+from tests.conftest import ROOT, Providers, running_app
 from tests.flows import ALICE, Auth, Flow, new_key, refund_args
 
 REFUNDS = "/billing/refunds"
@@ -189,6 +190,36 @@ async def test_twenty_four_parallel_retries_of_one_key_have_one_effect(
     final = await flow.execute("issue_refund", refund_args(), key, approval_id=approval_id)
     assert final.json()["status"] == "succeeded"
     assert final.headers["Idempotent-Replayed"] == "true"
+
+
+async def test_a_retry_while_a_slow_recheck_and_send_run_is_in_flight_not_a_second_send(
+    env: dict[str, str], clean: None, providers: Providers, auth: Auth, tmp_path: Path
+) -> None:
+    """The key's holder may ask the provider twice in a row (the recheck's preview, then the
+    send), each up to the provider's timeout: its lock must outlast both. A lock lapsed
+    while its holder still waits on the send let a retry take the key, find the record open,
+    and send the same operation a second time."""
+    text = (ROOT / "catalog" / "demo.yaml").read_text()
+    (tmp_path / "demo.yaml").write_text(text.replace("timeout_s: 5", "timeout_s: 7"))
+    async with running_app({**env, "TOOLGATE_CATALOG": str(tmp_path)}) as client:
+        flow = Flow(client, auth)
+        _, approval_id = await flow.approved_refund()
+        await providers.fault(REFUNDS + "/preview", "stall_before_effect", seconds=6.5)
+        await providers.fault(REFUNDS, "stall_before_effect", seconds=6.5)
+        key = new_key()
+        first = asyncio.create_task(
+            flow.execute("issue_refund", refund_args(), key, approval_id=approval_id)
+        )
+        retries = []
+        while not first.done():
+            await asyncio.sleep(0.25)
+            retry = await flow.execute("issue_refund", refund_args(), key, approval_id=approval_id)
+            if not first.done():
+                retries.append((retry.status_code, retry.json().get("code")))
+        assert (await first).json()["status"] == "succeeded"
+    assert set(retries) == {(409, "idempotency_in_flight")}
+    assert len([r for r in await providers.requests() if r["path"] == REFUNDS]) == 1
+    assert await effects(providers) == 1
 
 
 async def test_another_actor_can_neither_use_the_approval_nor_replay_the_key(

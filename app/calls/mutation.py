@@ -62,8 +62,11 @@ def lock_name(tenant: str, actor: str, key: str) -> str:
 
 
 def lock_ttl(tool: Tool) -> float:
-    """Longer than a provider call may take: a lapsed lock means its holder is gone."""
-    return tool.provider.timeout_s + LOCK_MARGIN_S
+    """Longer than its holder may wait on the provider: a lapsed lock means its holder is
+    gone. A holder asks up to twice in a row, each up to the timeout (a first call rechecks
+    the approved preview and then sends; a resumed one asks ``reconcile`` and then sends),
+    and a lock lapsed during the second would let a retry send the operation again."""
+    return 2 * tool.provider.timeout_s + LOCK_MARGIN_S
 
 
 def replayed(response: dict[str, Any]) -> Answer:
