@@ -68,6 +68,43 @@ async def test_an_unreachable_provider_releases_the_key_and_the_approval(
     assert [r["code"] for r in codes] == ["provider_unavailable"] * 3
 
 
+async def test_an_unsent_request_whose_record_was_taken_over_gives_nothing_back(
+    env: dict[str, str],
+    auth: Auth,
+    tmp_path: Path,
+    db: asyncpg.Connection,
+    providers: Providers,
+) -> None:
+    """Between the claim and an unreachable provider's refusal, another request took the
+    record over (its lock lapsed: it marked the record ``unknown`` and may have sent). The
+    first request must not give back the approval the record holds, nor say that nothing
+    ran: 504, status unknown, and the approval stays used. The take-over is made here by a
+    trigger that stores each new record as ``unknown``."""
+    (tmp_path / "dead.yaml").write_text(DEAD_PROVIDER_CATALOG)
+    await db.execute(
+        """
+        CREATE FUNCTION taken_over() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN NEW.state := 'unknown'; RETURN NEW; END $$;
+        CREATE TRIGGER taken_over BEFORE INSERT ON executions
+        FOR EACH ROW EXECUTE FUNCTION taken_over();
+        """
+    )
+    try:
+        async with running_app({**env, "TOOLGATE_CATALOG": str(tmp_path)}) as client:
+            flow = Flow(client, auth)
+            args = {"order_id": "ord_1"}
+            proposal = await flow.propose("cancel_order", args)
+            approval = await flow.approve(proposal["call_id"], None, ALICE)
+            approval_id = approval.json()["approval_id"]
+            response = await flow.execute("cancel_order", args, new_key(), approval_id=approval_id)
+    finally:
+        await db.execute("DROP TRIGGER taken_over ON executions; DROP FUNCTION taken_over()")
+    assert (response.status_code, response.json()["code"]) == (504, "provider_timeout")
+    assert await db.fetchval("SELECT state FROM executions") == "unknown"
+    consumed = await db.fetchval("SELECT consumed_by FROM approvals WHERE id = $1", approval_id)
+    assert consumed is not None, "the approval was given back while its record may have run"
+
+
 async def test_redis_down_fails_mutations_closed(
     env: dict[str, str], auth: Auth, providers: Providers, db: asyncpg.Connection
 ) -> None:

@@ -498,8 +498,7 @@ class Execution:
                 operation_id=record.operation_id,
             )
         except NotSent as exc:
-            if not resumed:
-                await self._release(record)
+            if not resumed and await self._release(record):
                 raise ProviderUnavailable(
                     "the provider could not be reached; nothing ran", call_id=record.call_id
                 ) from exc
@@ -515,12 +514,15 @@ class Execution:
         event = "executed" if status == "succeeded" else "failed"
         return await opened.finish(response, status, "reconciled" if resumed else event)
 
-    async def _release(self, record: ExecutionRow) -> None:
+    async def _release(self, record: ExecutionRow) -> bool:
         """Nothing reached the provider: free the key, give the approval and the run's cost
-        back."""
+        back; whether the record was still this request's to release. One that another
+        request took over meanwhile (it found the lock lapsed) is left as that one left
+        it, and so are the approval and the run it holds: it may have sent since."""
         authorized = self.authorized
         async with self.state.db.transaction() as conn:
-            await store.release(conn, record.operation_id)
+            if not await store.release(conn, record.operation_id):
+                return False
             if record.approval_id is not None:
                 await approvals.release(conn, record.approval_id, record.operation_id)
             if authorized.run_id is not None:
@@ -542,3 +544,4 @@ class Execution:
                 ),
             )
         telemetry.executed(record.tool, record.call_id, "failed")
+        return True

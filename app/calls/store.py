@@ -186,11 +186,14 @@ async def finish(
     return bool(await conn.fetchval(f"WITH {_FINISH} SELECT count(*) FROM change", *args))
 
 
-async def release(conn: Connection, operation_id: str) -> None:
-    """Forget a claim whose request certainly never reached the provider."""
-    await conn.execute(
+async def release(conn: Connection, operation_id: str) -> bool:
+    """Forget a claim whose request certainly never reached the provider; whether it was
+    still this request's to forget (in flight: not taken over, say, by a worker that found
+    its lock lapsed and marked it ``unknown``)."""
+    status: str = await conn.execute(
         "DELETE FROM executions WHERE operation_id = $1 AND state = 'in_flight'", operation_id
     )
+    return status == "DELETE 1"
 
 
 async def stale_executions(conn: Connection, older_than_s: float, limit: int) -> list[ExecutionRow]:
