@@ -194,3 +194,20 @@ async def test_a_reconciled_status_that_is_no_http_status_is_recorded_as_the_def
     row = await db.fetchrow("SELECT state, provider_status FROM executions")
     assert (row["state"], row["provider_status"]) == ("succeeded", 200)
     assert list(provider.effects.values()) == [1]
+
+
+@pytest.mark.parametrize("text", ["", "<html>Service paused</html>", "null", "[" * 200 + "]" * 200])
+async def test_a_preview_without_a_json_body_is_a_502_never_a_null_snapshot_to_approve(
+    odd_flow: Flow, odd: tuple[Odd, str], db: asyncpg.Connection, text: str
+) -> None:
+    """A 2xx preview with nothing to show (an empty body, a page that is not JSON, ``null``,
+    JSON nested past what toolgate reads) would be a ``null`` snapshot: an approver would
+    approve blind, and every recheck of it would hash the same, so no change in the world
+    could ever make that approval stale. It is no preview: a 502, and nothing stored."""
+    odd[0].answers["preview"] = text
+    proposal = await odd_flow.propose("approve_thing", {"name": "x"})
+    preview = await odd_flow.post("/dry-run", {"call_id": proposal["call_id"]})
+    assert preview.status_code == 502, preview.text
+    assert preview.json()["code"] == "provider_unavailable"
+    assert await db.fetchval("SELECT count(*) FROM dry_runs") == 0
+    assert await db.fetchval("SELECT state FROM calls") == "proposed"

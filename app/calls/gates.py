@@ -52,6 +52,14 @@ async def preview(state: AppState, authorized: Authorized, call_id: str) -> Resp
         raise ProviderUnavailable(
             "the provider gave no preview", call_id=call_id, provider_status=response.status
         )
+    if response.body is None:
+        # Empty, not JSON, or nested too deeply: a null snapshot shows the approver nothing,
+        # and hashes the same on every recheck, so no change could make its approval stale.
+        raise ProviderUnavailable(
+            "the provider's preview is not a JSON answer",
+            call_id=call_id,
+            provider_status=response.status,
+        )
     return response
 
 
