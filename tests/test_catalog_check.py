@@ -225,6 +225,12 @@ CASES: dict[str, Case] = {
         ("tools", "issue_refund", "parameters"),
         line="x-secret: true",
     ),
+    "sensitive_resource_id": Case(
+        "order_id: {type: string, x-resource: order}",
+        "order_id: {type: string, x-resource: order, x-sensitive: true}",
+        ("tools", "issue_refund", "parameters", "properties", "order_id", "x-sensitive"),
+        line="x-resource: order, x-sensitive: true",
+    ),
     "misspelt_x_annotation": Case(
         "customer_id: {type: string, x-identity: user}",
         "customer_id: {type: string, x-identiy: user}",

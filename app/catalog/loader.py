@@ -401,6 +401,14 @@ def _annotations(
         if "x-sensitive" in prop:
             if not isinstance(prop["x-sensitive"], bool):
                 source.problem((*here, "x-sensitive"), "x-sensitive is true or false")
+            elif prop["x-sensitive"] and "x-resource" in prop:
+                # A resource id is the call's target, or may become it: stored, audited and
+                # listed as such, unmasked, so the promise to mask it could not be kept.
+                source.problem(
+                    (*here, "x-sensitive"),
+                    "a resource id is shown as the call's target in the audit trail and "
+                    "listings: an x-resource property cannot be x-sensitive",
+                )
             elif prop["x-sensitive"]:
                 sensitive.add(arg)
     if len(source.problems) > before:
