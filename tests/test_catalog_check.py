@@ -267,6 +267,18 @@ CASES: dict[str, Case] = {
         ("providers", "billing"),
         line="${TOOLGATE_TEST_BILLING_KEY}",
     ),
+    "header_value_with_a_line_break": Case(
+        "timeout_s: 2}",
+        'timeout_s: 2, headers: {X-Api-Key: "k\\r\\nX-Tenant: other"}}',
+        ("providers", "billing", "headers", "X-Api-Key"),
+        line="X-Api-Key",
+    ),
+    "header_name_that_is_no_token": Case(
+        "timeout_s: 2}",
+        'timeout_s: 2, headers: {"X Api Key": k}}',
+        ("providers", "billing", "headers", "X Api Key"),
+        line="X Api Key",
+    ),
     **{
         f"x_resource_typed_{name}": Case(
             'order_id: {type: string, pattern: "^ord_[A-Za-z0-9]+$", x-resource: order}',
@@ -441,6 +453,25 @@ def test_max_response_bytes_defaults_to_1_mib_and_is_kept_per_provider(tmp_path:
     text = edit(BASE, "timeout_s: 2}", "timeout_s: 2, max_response_bytes: 4096}")
     limited = load(write(tmp_path, text), {})
     assert limited.tools["get_order"].provider.max_response_bytes == 4096
+
+
+def test_a_header_whose_env_value_ends_in_a_newline_is_a_problem_not_a_failing_call(
+    tmp_path: Path,
+) -> None:
+    """A secret mounted from a file often ends in a newline. Sent, it would be refused by
+    the HTTP client on every call, after a mutation's key was claimed and its approval
+    consumed; it is refused where the catalog is loaded instead."""
+    text = edit(BASE, "timeout_s: 2}", 'timeout_s: 2, headers: {X-Api-Key: "${KEY}"}}')
+    path = write(tmp_path, text)
+    with pytest.raises(CatalogError) as caught:
+        load(path, {"KEY": "s3cret\n"})
+    assert [p.path for p in caught.value.problems] == [
+        ("providers", "billing", "headers", "X-Api-Key")
+    ]
+    assert "s3cret" not in str(caught.value.problems[0])
+    assert load(path, {"KEY": "s3cret"}).tools["get_order"].provider.headers == {
+        "X-Api-Key": "s3cret"
+    }
 
 
 def test_env_references_resolve_from_the_given_environment(tmp_path: Path) -> None:

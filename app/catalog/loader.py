@@ -114,6 +114,14 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
         except KeyError as missing:
             source.problem(("providers", name), f"environment variable {missing} is not set")
             continue
+        for header, value in headers.items():
+            if not _HEADER_NAME.fullmatch(header) or _NOT_IN_A_HEADER.search(value):
+                # Named, never quoted: the value is often a secret from the environment.
+                source.problem(
+                    ("providers", name, "headers", header),
+                    "a header name must be an HTTP token, and its value free of control "
+                    "characters (a line break, often at the end of a secret read from a file)",
+                )
         url = _http_url(base_url)
         if url is None or url.query or url.fragment:
             source.problem(("providers", name, "base_url"), "must be an http(s) URL with a host")
@@ -307,6 +315,12 @@ def _endpoint(
             )
     return Endpoint(method=e.method, path=e.path, placeholders=names)
 
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_NOT_IN_A_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""RFC 9110's field name and the control characters a field value cannot hold (a tab it
+can). The HTTP client refuses such a header only when sending, that is on every call to the
+provider, after a mutation has claimed its key; the catalog is refused at load instead."""
 
 _HOST = re.compile(r"[A-Za-z0-9._~-]+|[0-9A-Fa-f:.]+")
 """A host name, IPv4 address or (its brackets taken off) IPv6 address; no other library
