@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from functools import lru_cache
-from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -70,20 +69,12 @@ class Response(NamedTuple):
     elapsed_ms: float
 
 
-class _Attempt:
-    """What aiohttp's tracing saw of one request: whether it was written to a pooled
-    connection. aiohttp resends a PUT or DELETE that failed on a reused connection over a
-    new one; if that connect fails, its error says "not connected" of a request the first
-    try may have delivered, so it is ``Uncertain``, not ``NotSent``."""
-
-    __slots__ = ("reused",)
-
-    def __init__(self) -> None:
-        self.reused = False
-
-
-async def _on_reuse(_session: aiohttp.ClientSession, context: SimpleNamespace, _: object) -> None:
-    context.trace_request_ctx.reused = True
+RESENT = frozenset({"PUT", "DELETE"})
+"""Methods of a mutation that aiohttp sends again, over a new connection, when a pooled
+connection drops before the answer: a connect failure then follows a first try that may
+have reached the peer, so it is ``Uncertain``, never ``NotSent``. (aiohttp resends reads
+too; for them, the difference changes nothing.) Finding out per request whether a pooled
+connection was used takes aiohttp's tracing, which costs every request."""
 
 
 class Outbound:
@@ -92,10 +83,8 @@ class Outbound:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=256, ttl_dns_cache=60)
-        tracing = aiohttp.TraceConfig()
-        tracing.on_connection_reuseconn.append(_on_reuse)
         self._session = aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trace_configs=[tracing]
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar()
         )
 
     async def close(self) -> None:
@@ -129,7 +118,6 @@ class Outbound:
             target = URL(url, encoded=True)
         except ValueError as exc:
             raise NotSent(f"invalid URL: {exc}") from exc
-        attempt = _Attempt()
         try:
             async with self._session.request(
                 method,
@@ -139,7 +127,6 @@ class Outbound:
                 params=params,
                 timeout=_timeout(timeout_s),
                 allow_redirects=False,
-                trace_request_ctx=attempt,
             ) as response:
                 status = response.status
                 if status_only:
@@ -148,8 +135,8 @@ class Outbound:
                 else:
                     raw = await _read(response, max_bytes)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            if attempt.reused:  # a resend's connect failed; the first try may have landed
-                raise Uncertain(f"{type(exc).__name__} on resending: {exc}") from exc
+            if method in RESENT:
+                raise Uncertain(f"{type(exc).__name__} (perhaps on resending): {exc}") from exc
             raise NotSent(f"{type(exc).__name__}: {exc}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise Uncertain(f"{type(exc).__name__}: {exc}") from exc
