@@ -404,3 +404,31 @@ async def test_the_longest_identity_claims_are_accepted_and_stored(
     )
     assert response.status_code == 200, response.text
     assert await db.fetchval("SELECT actor FROM calls") == sub
+
+
+async def test_odd_members_of_a_jwks_are_skipped_and_an_encryption_key_never_verifies(
+    outbound: Outbound, jwks: Jwks
+) -> None:
+    """A key set is read key by key, as RFC 7517 asks: one member this verifier cannot use
+    (a ``kid`` that is no string, ``alg`` none or of the wrong type) must not make every
+    token a 500, and a key published for encryption (``use: enc``, or ``key_ops`` without
+    ``verify``) never vouches for a signature."""
+    key_a, key_e, key_w = rsa_key(), rsa_key(), rsa_key()
+    jwks.publish("A", key_a)
+    jwks.publish("E", key_e)
+    jwks.keys[-1]["use"] = "enc"
+    jwks.publish("W", key_w)
+    jwks.keys[-1].pop("use")
+    jwks.keys[-1]["key_ops"] = ["wrapKey"]
+    odd = {k: v for k, v in jwks.keys[0].items() if k != "kid"}
+    jwks.keys += [
+        {**odd, "kid": ["A"]},
+        {**odd, "kid": {"A": 1}},
+        {**odd, "kid": "N", "alg": "none"},
+        {**odd, "kid": "L", "alg": ["RS256"]},
+    ]
+    verifier = TokenVerifier(Settings.from_env({"TOOLGATE_JWKS_URL": jwks.url}), outbound)
+    assert (await verifier.verify(rs256(key_a, "A"))).sub == "alice"
+    await refused(verifier, rs256(key_e, "E"))
+    await refused(verifier, rs256(key_w, "W"))
+    assert jwks.hits == 1

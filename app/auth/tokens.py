@@ -69,11 +69,32 @@ class JwksCache:
             raise Unavailable("the token issuer's keys cannot be fetched") from exc
         if response.status != 200 or not isinstance(response.body, dict):
             raise Unavailable("the token issuer's keys cannot be fetched")
+        keys = _signature_keys(response.body.get("keys"))
+        if not keys:
+            raise Unavailable("the token issuer's key set is unusable")
+        self._keys = keys
+
+
+def _signature_keys(members: Any) -> dict[str | None, jwt.PyJWK]:
+    """The members of a JWKS that verify signatures, by ``kid``. Read one by one, as RFC 7517
+    asks: PyJWT's ``PyJWKSet`` lets a member whose ``kid`` or ``alg`` it cannot handle (a
+    list, ``none``) raise past it, which made every token a 500, and it keeps keys the issuer
+    published for encryption (``use``) or for other operations (``key_ops``) only, which
+    must never vouch for a token."""
+    keys: dict[str | None, jwt.PyJWK] = {}
+    for data in members if isinstance(members, list) else ():
+        if not isinstance(data, dict) or data.get("use", "sig") != "sig":
+            continue
+        kid, alg, ops = data.get("kid"), data.get("alg"), data.get("key_ops", ["verify"])
+        if not (kid is None or isinstance(kid, str)) or not (alg is None or isinstance(alg, str)):
+            continue
+        if alg == "none" or not isinstance(ops, list) or "verify" not in ops:
+            continue
         try:
-            keyset = jwt.PyJWKSet.from_dict(response.body)
-        except jwt.PyJWTError as exc:
-            raise Unavailable("the token issuer's key set is unusable") from exc
-        self._keys = {k.key_id: k for k in keyset.keys}
+            keys[kid] = jwt.PyJWK(data)
+        except jwt.PyJWTError:
+            continue
+    return keys
 
 
 class TokenVerifier:
