@@ -35,8 +35,11 @@ async def authenticate(request: Request) -> Principal:
 
 
 def bearer_token(request: Request) -> str:
-    """The token of ``Authorization: Bearer <JWT>``, not yet verified."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    """The token of ``Authorization: Bearer <JWT>``, not yet verified. The header must come
+    once (RFC 9110 makes it a singleton): with two, a proxy in front that checked one while
+    toolgate read the other would let a request act for a principal nobody checked."""
+    fields = request.headers.getlist("authorization")
+    scheme, _, token = (fields[0] if len(fields) == 1 else "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("a Bearer token is required")
     return token.strip()

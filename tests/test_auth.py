@@ -432,3 +432,21 @@ async def test_odd_members_of_a_jwks_are_skipped_and_an_encryption_key_never_ver
     await refused(verifier, rs256(key_e, "E"))
     await refused(verifier, rs256(key_w, "W"))
     assert jwks.hits == 1
+
+
+async def test_several_authorization_headers_are_refused_whichever_comes_first(
+    client: httpx.AsyncClient, db: asyncpg.Connection, providers: Providers
+) -> None:
+    """Authorization is a singleton field (RFC 9110): with two, a proxy that checks one and
+    toolgate that reads the other would act for different principals."""
+    alice, bob = hs256(claims()), hs256(claims(sub="bob"))
+    for second in (f"Bearer {bob}", "Bearer not-a-jwt", "Basic " + b64url(b"a:b")):
+        for headers in (
+            [("Authorization", f"Bearer {alice}"), ("Authorization", second)],
+            [("Authorization", second), ("Authorization", f"Bearer {alice}")],
+        ):
+            response = await client.post("/propose", json=PROPOSAL, headers=headers)
+            assert response.status_code == 401, response.text
+            assert response.json()["code"] == "unauthenticated"
+    assert await db.fetchval("SELECT count(*) FROM calls") == 0
+    assert await providers.requests() == []
