@@ -111,7 +111,7 @@ class Settings:
             redis_prefix=get("REDIS_PREFIX") or "toolgate:",
             jwt_secret=secret,
             jwt_public_key_file=_path(public_key),
-            jwks_url=jwks_url,
+            jwks_url=_url("TOOLGATE_JWKS_URL", jwks_url, ("https", "http"), host=True),
             jwt_algorithms=allowed,
             jwt_issuer=get("JWT_ISSUER"),
             jwt_audience=get("JWT_AUDIENCE"),
@@ -217,9 +217,13 @@ def _origins(value: str | None) -> tuple[str, ...]:
     return origins
 
 
-def _url(name: str, value: str | None, schemes: tuple[str, ...] = ()) -> str | None:
-    """A URL the standard parser reads, port included, and of one of ``schemes`` when
-    given; the message never holds the URL, whose password is a secret."""
+def _url(
+    name: str, value: str | None, schemes: tuple[str, ...] = (), *, host: bool = False
+) -> str | None:
+    """A URL the standard parser reads, port included, of one of ``schemes`` when given,
+    and naming a host when ``host``: a URL that could never be fetched would start a
+    service that fails every request. The message never holds the URL, whose password is a
+    secret."""
     if value is None:
         return None
     try:
@@ -229,6 +233,8 @@ def _url(name: str, value: str | None, schemes: tuple[str, ...] = ()) -> str | N
         raise ConfigError(f"{name} is not a valid URL: {exc}") from None
     if schemes and parts.scheme not in schemes:
         raise ConfigError(f"{name} must be a {', '.join(s + '://' for s in schemes)} URL")
+    if host and not parts.hostname:
+        raise ConfigError(f"{name} names no host")
     return value
 
 

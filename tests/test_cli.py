@@ -252,6 +252,23 @@ async def test_serve_refuses_a_malformed_database_or_redis_url(
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "issuer.example/.well-known/jwks.json",
+        "ftp://issuer.example/jwks.json",
+        "https:///jwks.json",
+        "https://issuer.example:99999/jwks.json",
+    ],
+)
+async def test_serve_refuses_a_jwks_url_it_could_never_fetch(database_url: str, url: str) -> None:
+    """Such a URL started a service that answered every request 503: the key was as
+    missing as no key at all, which serve refuses."""
+    env = serve_env(database_url, TOOLGATE_JWKS_URL=url)
+    del env["TOOLGATE_JWT_SECRET"]
+    await refuses_to_serve(env, "TOOLGATE_JWKS_URL")
+
+
+@pytest.mark.parametrize(
     "args", [("--port", "99999"), ("--port", "-1"), ("--workers", "0"), ("--workers", "-3")]
 )
 async def test_serve_refuses_a_port_or_worker_count_out_of_range(
