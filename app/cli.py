@@ -325,6 +325,7 @@ def _demo(host: str, port: int, data_dir: str | None) -> int:
     if data_dir:
         os.environ["TOOLGATE_DATA_DIR"] = data_dir
     providers_host, providers_port = demo.prepare(os.environ)
+    demo.check_reach(host, os.environ)
     _log_to_stderr()
     try:
         stop_providers = serve_in_background(providers_host, providers_port)

@@ -7,17 +7,19 @@ store is the embedded one (unless ``TOOLGATE_DATABASE_URL`` is set), which ``too
 stops on the way out like any owner. The JWT secret is ``TOOLGATE_JWT_SECRET`` when set,
 else the fixed, published ``DEMO_SECRET``: only the demo ever falls back to it (``serve``
 refuses to start without a key), and ``toolgate token`` mints with it when no key at all
-is configured, so tokens minted beside a demo are accepted by it.
+is configured, so tokens minted beside a demo are accepted by it. With that secret the
+demo listens on loopback only (``check_reach``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from app.auth.tokens import mint
-from app.settings import Settings
+from app.settings import ConfigError, Settings
 
 DEMO_SECRET = "demo-only-secret-change-me-0123456789abcdef"
 CATALOG = Path(__file__).resolve().parent / "catalog" / "demo.yaml"
@@ -41,6 +43,24 @@ def prepare(env: MutableMapping[str, str]) -> tuple[str, int]:
     env.setdefault("DEMO_PROVIDERS_URL", PROVIDERS_URL)
     parts = urlsplit(env["DEMO_PROVIDERS_URL"])
     return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def check_reach(host: str, env: Mapping[str, str]) -> None:
+    """Refuse the published ``DEMO_SECRET`` on an address other than loopback: whoever
+    reaches the port could mint a token for any user, tenant and role, admin included, and
+    read or act on whatever the store holds (``TOOLGATE_DATABASE_URL`` may name a real one)."""
+    if env.get("TOOLGATE_JWT_SECRET", "").strip() != DEMO_SECRET:
+        return
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(
+            f"toolgate demo would listen on {host} with the published demo secret, and anyone"
+            " who reaches it could sign a token for any user, tenant and role: set"
+            " TOOLGATE_JWT_SECRET to a secret of your own, or listen on 127.0.0.1"
+        )
 
 
 def banner(settings: Settings, base_url: str, env: Mapping[str, str]) -> str:

@@ -146,6 +146,30 @@ async def test_token_with_only_a_public_key_configured_fails_clearly(tmp_path: P
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("host", "secret"), [("0.0.0.0", None), ("::", None), ("192.0.2.7", DEMO_SECRET)]
+)
+async def test_demo_refuses_the_published_secret_beyond_this_machine(
+    database_url: str, host: str, secret: str | None
+) -> None:
+    """With the published demo secret anyone who can reach the port mints a token for any
+    user, tenant and role (admin included): on an address other machines reach, that is a
+    service open to all, with the database it was given."""
+    port, providers = free_port(), free_port()
+    env = base_env(
+        TOOLGATE_DATABASE_URL=database_url, DEMO_PROVIDERS_URL=f"http://127.0.0.1:{providers}"
+    )
+    if secret is not None:
+        env["TOOLGATE_JWT_SECRET"] = secret
+    result = await run("demo", "--host", host, "--port", str(port), env=env, timeout=20)
+    assert result.returncode == 2, result.stderr
+    assert "TOOLGATE_JWT_SECRET" in result.stderr, result.stderr
+    assert host in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not listening(port)
+    assert not listening(providers)
+
+
 # --- serve refuses to start -------------------------------------------------------------------
 
 
