@@ -24,6 +24,7 @@ from aiohttp import web
 from kubernetes_validate.utils import all_versions
 
 from app.catalog.loader import load
+from app.demo import DEMO_SECRET
 from app.settings import ConfigError, Settings
 from tests.conftest import ROOT
 from tests.dockerfile import healthcheck_command, instructions
@@ -180,6 +181,18 @@ def test_compose_waits_for_healthy_services_and_keeps_postgres_data() -> None:
     name, path = volume.split(":")
     assert path == "/var/lib/postgresql/data"
     assert name in compose()["volumes"]
+
+
+def test_compose_publishes_its_ports_on_loopback_only() -> None:
+    """compose runs toolgate with the published demo secret: a port published on every
+    interface let anyone on the network mint an admin token for any tenant (and drive the
+    demo providers' control endpoints)."""
+    services = compose()["services"]
+    assert services["toolgate"]["environment"]["TOOLGATE_JWT_SECRET"] == DEMO_SECRET
+    published = [port for service in services.values() for port in service.get("ports", [])]
+    assert published
+    for port in published:
+        assert str(port).startswith("127.0.0.1:"), port
 
 
 def test_compose_says_how_to_mint_a_token() -> None:
