@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import parse_qs, urlsplit
 
-from app.settings import ConfigError, Settings
+from app.settings import MAX_TTL_S, ConfigError, Settings
 
 # CLI flags that override the matching TOOLGATE_* variable, for every subcommand.
 _OVERRIDES = {
@@ -70,6 +70,8 @@ def _counted(what: str, highest: int | None = None) -> Callable[[str], int]:
 # The socket layer would take port 99999 as 34463 (modulo 65536), silently.
 _port = _counted("a port (1-65535)", 65535)
 _workers = _counted("a number of workers (1 or more)")
+# A token that expired as it was minted, or outlives any use, only fails later, unexplained.
+_ttl = _counted(f"a number of seconds (1-{MAX_TTL_S})", MAX_TTL_S)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--sub", required=True, help="the user (sub claim)")
     token.add_argument("--tenant", required=True, help="the tenant (tenant claim)")
     token.add_argument("--roles", default="", help="comma-separated roles")
-    token.add_argument("--ttl", type=int, default=3600, help="seconds valid (%(default)s)")
+    token.add_argument("--ttl", type=_ttl, default=3600, help="seconds valid (%(default)s)")
     demo = commands.add_parser(
         "demo",
         help="run toolgate with the demo catalog and providers, ready to try",
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                 return asyncio.run(
                     _audit_verify(settings, args.checkpoints, args.public_key, args.archive)
                 )
-        roles = [r for r in args.roles.split(",") if r]
+        roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+        _check_claims(args.sub, args.tenant, roles)
         from app.auth.tokens import mint
 
         print(mint(_token_settings(settings), args.sub, args.tenant, roles, args.ttl))
@@ -304,6 +307,19 @@ async def _audit_verify(
         raise ConfigError(exc.detail) from None
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def _check_claims(sub: str, tenant: str, roles: list[str]) -> None:
+    """Refuse a name the verifier would refuse (``tokens.identifier``): the token would be
+    printed, then every request with it answered a bare 401."""
+    from app.auth.tokens import MAX_IDENTIFIER, identifier
+
+    for flag, values in (("--sub", [sub]), ("--tenant", [tenant]), ("--roles", roles)):
+        if not all(identifier(v) for v in values):
+            raise ConfigError(
+                f"{flag}: not a name toolgate accepts (1 to {MAX_IDENTIFIER} characters, no"
+                " control characters)"
+            )
 
 
 def _token_settings(settings: Settings) -> Settings:

@@ -128,6 +128,41 @@ async def test_token_mints_a_verifiable_hs256_token(ttl: str | None, expected_tt
         jwt.decode(token, "x" * 40, algorithms=["HS256"])
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--ttl", "0"),
+        ("--ttl", "-5"),
+        ("--ttl", "999999999999999999999999"),
+        ("--sub", ""),
+        ("--tenant", "acme\x1b[2J"),
+        ("--roles", "support,r\x07"),
+        ("--sub", "a" * 256),
+    ],
+)
+async def test_token_refuses_what_would_mint_a_token_toolgate_refuses(
+    args: tuple[str, str],
+) -> None:
+    """These printed a token and exited 0: already expired, or with a claim the verifier
+    refuses, so the trial failed later with a bare 401."""
+    options = {"--sub": "a", "--tenant": "t", **dict([args])}
+    argv = [part for pair in options.items() for part in pair]
+    result = await run("token", *argv, env=base_env(TOOLGATE_JWT_SECRET=SECRET))
+    assert result.returncode == 2, result.stdout
+    assert result.stdout == ""
+    assert args[0] in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_token_roles_are_trimmed() -> None:
+    roles = " support , finance_approver ,"
+    args = ("token", "--sub", "a", "--tenant", "t", "--roles", roles)
+    result = await run(*args, env=base_env(TOOLGATE_JWT_SECRET=SECRET))
+    assert result.returncode == 0, result.stderr
+    claims = jwt.decode(result.stdout.strip(), SECRET, algorithms=["HS256"])
+    assert claims["roles"] == ["support", "finance_approver"]
+
+
 async def test_token_without_any_key_signs_with_the_demo_secret_and_says_so() -> None:
     result = await run("token", "--sub", "a", "--tenant", "t", env=base_env())
     assert result.returncode == 0, result.stderr
