@@ -294,6 +294,29 @@ def test_a_public_key_cannot_be_combined_with_hmac_algorithms(tmp_path: Path) ->
         TokenVerifier(settings, Outbound())
 
 
+@pytest.mark.parametrize(
+    ("curve", "algorithms"),
+    [(None, "ES256,EdDSA"), (ec.SECP384R1(), None), (ec.SECP256R1(), "ES384")],
+)
+def test_a_public_key_that_verifies_none_of_the_algorithms_is_refused_at_start(
+    tmp_path: Path, curve: ec.EllipticCurve | None, algorithms: str | None
+) -> None:
+    """An RSA key with only EC algorithms allowed, or a P-384 key with the default list,
+    started a service that refused every token, saying only 401."""
+    key = rsa_key() if curve is None else ec.generate_private_key(curve)
+    pem_file = tmp_path / "issuer.pem"
+    pem_file.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    env = {"TOOLGATE_JWT_PUBLIC_KEY": str(pem_file)}
+    if algorithms is not None:
+        env["TOOLGATE_JWT_ALGORITHMS"] = algorithms
+    with pytest.raises(ConfigError, match="TOOLGATE_JWT_ALGORITHMS"):
+        TokenVerifier(Settings.from_env(env), Outbound())
+
+
 class Jwks:
     """A real JWKS endpoint that counts how often it was fetched."""
 

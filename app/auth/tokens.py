@@ -112,6 +112,12 @@ class TokenVerifier:
                 raise ConfigError(
                     f"TOOLGATE_JWT_PUBLIC_KEY is not a PEM public key: {exc}"
                 ) from None
+            if not any(_fits(a, self._static_key) for a in self._algorithms):
+                raise ConfigError(
+                    f"TOOLGATE_JWT_PUBLIC_KEY ({type(self._static_key).__name__}) verifies none"
+                    f" of TOOLGATE_JWT_ALGORITHMS ({', '.join(self._algorithms)}): every token"
+                    " would be refused"
+                )
 
     async def verify(self, token: str) -> Principal:
         """The token's principal. A token verified in the last ``VERIFIED_TTL_S`` (and not
@@ -180,6 +186,16 @@ class TokenVerifier:
             raise Unauthenticated("token claims are malformed")
         sid = claims.get("sid")
         return Principal(sub, tenant, frozenset(roles), sid if identifier(sid) else None)
+
+
+def _fits(algorithm: str, key: Any) -> bool:
+    """Whether ``algorithm`` can verify with ``key`` (its type, and an EC key's curve).
+    PyJWT says no with ``InvalidKeyError``, or (EdDSA) ``TypeError``."""
+    try:
+        jwt.get_algorithm_by_name(algorithm).prepare_key(key)
+    except (jwt.PyJWTError, TypeError, ValueError):
+        return False
+    return True
 
 
 TIME_CLAIMS = ("exp", "nbf", "iat")
