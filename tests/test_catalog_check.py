@@ -679,3 +679,30 @@ def test_values_json_cannot_hold_are_located_problems(
     problems = problems_of(write(tmp_path, text))
     assert message in [p.message for p in problems], [str(p) for p in problems]
     assert all(p.line == line_of(text, "parameters: ") for p in problems if p.message == message)
+
+
+@pytest.mark.parametrize(
+    "order", [("10-base.yaml", "20-empty.yaml"), ("20-base.yaml", "10-empty.yaml")]
+)
+def test_an_empty_section_in_one_file_neither_erases_nor_breaks_another_files(
+    tmp_path: Path, order: tuple[str, str]
+) -> None:
+    """``tools:`` left empty in one file of a directory (a template, a file being written):
+    read after the file defining the tools, it would silently drop them all; read before,
+    the load crashed instead of listing problems."""
+    full, empty = order
+    write(tmp_path, BASE, full)
+    write(tmp_path, "providers:\nresources:\ntools:\n", empty)
+    merged = load(tmp_path, {})
+    assert set(merged.tools) == {"get_order", "issue_refund", "update_email"}
+
+
+def test_a_section_that_is_not_a_mapping_is_a_located_problem_in_any_file(tmp_path: Path) -> None:
+    write(tmp_path, BASE, "10-base.yaml")
+    second = write(tmp_path, "tools: [get_order]\n", "20-list.yaml")
+    problem = at(problems_of(tmp_path), ("tools",))
+    assert (problem.file, problem.line, problem.message) == (
+        str(second),
+        1,
+        "must be a mapping of names to entries",
+    )

@@ -91,12 +91,8 @@ def _shape(source: Source) -> CatalogSpec:
         spec = CatalogSpec.model_construct(version="-")
     sections: dict[str, dict[str, Any]] = {}
     for section, model in _SECTION_MODELS.items():
-        entries = document.get(section) or {}
-        if not isinstance(entries, dict):
-            source.problem((section,), "must be a mapping of names to entries")
-            entries = {}
         sections[section] = {}
-        for name, entry in entries.items():
+        for name, entry in document.get(section, {}).items():
             try:
                 sections[section][name] = model.model_validate(entry)
             except pydantic.ValidationError as exc:

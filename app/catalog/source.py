@@ -98,9 +98,15 @@ def _merge(source: Source, file: Path) -> None:
         source.problems.append(Problem(name, node.start_mark.line + 1, (), "must be a mapping"))
         return
     for key, value in data.items():
-        if key in SECTIONS and isinstance(value, dict):
+        if key in SECTIONS:
+            # An empty section (``tools:``) adds nothing; it must not replace another file's.
+            if not isinstance(value, dict | None):
+                where = lines.get((key,), (name, None))
+                message = "must be a mapping of names to entries"
+                source.problems.append(Problem(where[0], where[1], (key,), message))
+                continue
             section = source.document.setdefault(key, {})
-            for entry, spec in value.items():
+            for entry, spec in (value or {}).items():
                 if entry in section:
                     where = lines.get((key, entry), (name, None))
                     source.problems.append(
