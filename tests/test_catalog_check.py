@@ -706,3 +706,31 @@ def test_a_section_that_is_not_a_mapping_is_a_located_problem_in_any_file(tmp_pa
         1,
         "must be a mapping of names to entries",
     )
+
+
+@pytest.mark.parametrize("key", ["on", "no", "~", "null", "0x10", "010", "1_000", "1.50", "12"])
+def test_a_key_yaml_reads_as_no_text_is_a_problem_not_a_renamed_one(
+    tmp_path: Path, key: str
+) -> None:
+    """YAML 1.1 reads ``on`` as true and ``~`` as null, ``0x10`` as 16: such a key became
+    "True", "None" or "16": an ``x-sensitive`` argument named ``on`` was masked under a
+    name models never send (where the schema admits other names, the one they do send
+    reached the audit trail unmasked), and a tool, provider or header could be defined
+    under a name nobody wrote."""
+    text = edit(
+        BASE,
+        "        note: {type: string, maxLength: 500, x-sensitive: true}\n",
+        f"        {key}: {{type: string, maxLength: 500, x-sensitive: true}}\n",
+    )
+    problem = at(problems_of(write(tmp_path, text)), ("tools", "issue_refund", "parameters"))
+    assert problem.message == "a key must be text: quote it"
+    assert problem.line == line_of(text, f"        {key}: ")
+
+
+def test_a_quoted_key_is_the_text_it_spells(tmp_path: Path) -> None:
+    text = edit(
+        BASE,
+        "        note: {type: string, maxLength: 500, x-sensitive: true}\n",
+        "        'on': {type: string, maxLength: 500, x-sensitive: true}\n",
+    )
+    assert load(write(tmp_path, text), {}).tools["issue_refund"].sensitive_args == {"on"}

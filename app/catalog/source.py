@@ -170,11 +170,14 @@ class _Builder:
                 return [self.value(item, (*path, i)) for i, item in enumerate(node.value)]
             result: dict[str, Any] = {}
             for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
+                key = _scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+                if not isinstance(key, str):
+                    # YAML reads ``on`` as true, ``~`` as null, ``0x10`` as 16: as text they
+                    # would name something nobody wrote ("True", "None", "16").
                     where = key_node.start_mark.line + 1
-                    self.problems.append(Problem(self.file, where, path, "a key must be text"))
+                    message = "a key must be text: quote it"
+                    self.problems.append(Problem(self.file, where, path, message))
                     continue
-                key = str(_scalar(key_node))
                 if key in result:
                     where = key_node.start_mark.line + 1
                     self.problems.append(
