@@ -6,8 +6,11 @@ mutated text, so a problem must point at the line that holds the offending node.
 
 from __future__ import annotations
 
+import http.server
 import re
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -734,3 +737,58 @@ def test_a_quoted_key_is_the_text_it_spells(tmp_path: Path) -> None:
         "        'on': {type: string, maxLength: 500, x-sensitive: true}\n",
     )
     assert load(write(tmp_path, text), {}).tools["issue_refund"].sensitive_args == {"on"}
+
+
+@pytest.fixture
+def schema_server() -> Iterator[tuple[str, list[str]]]:
+    """A real HTTP server that hands out a JSON Schema, and the paths it was asked for."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = b'{"type": "string"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("amount: {type: number,", 'amount: {$ref: "{server}/amount.json", type: number,'),
+        ("amount: {type: number,", 'amount: {$ref: "file://{file}", type: number,'),
+        (
+            "      required: [order_id, amount, customer_id]\n",
+            '      $schema: "{server}/draft/2020-12/schema"\n'
+            "      required: [order_id, amount, customer_id]\n",
+        ),
+    ],
+)
+def test_a_schema_that_refers_outside_the_catalog_is_refused_and_nothing_is_fetched(
+    tmp_path: Path, schema_server: tuple[str, list[str]], old: str, new: str
+) -> None:
+    """A ``$ref`` (or ``$schema``) naming a URL or a file was fetched at every load: the
+    arguments a tool accepts then depended on a document outside the catalog, which whoever
+    controls that host or file could change without the policy version changing, and
+    ``toolgate check`` sent requests (or read files) of the catalog's choosing."""
+    url, asked = schema_server
+    elsewhere = write(tmp_path, '{"type": "string"}', "amount.json")
+    text = edit(BASE, old, new.replace("{server}", url).replace("{file}", str(elsewhere)))
+    problems = problems_of(write(tmp_path, text))
+    assert at(problems, ("tools", "issue_refund", "parameters"))
+    assert asked == []

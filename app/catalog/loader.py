@@ -344,18 +344,25 @@ def _is_segment(segment: str) -> bool:
     return segment not in (".", "..") and _SEGMENT.fullmatch(segment) is not None
 
 
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+"""The one ``$schema`` a tool's parameters may name; the validator knows it without a fetch."""
+
+
 def _schema(
     schema: dict[str, Any], where: tuple[str | int, ...], source: Source
 ) -> jsonschema_rs.Draft202012Validator | None:
     if schema.get("type") != "object":
         source.problem(where, "parameters must be a JSON Schema with type: object")
         return None
-    if "$schema" in schema and "2020-12" not in str(schema["$schema"]):
-        source.problem((*where, "$schema"), "only JSON Schema 2020-12 is supported")
+    if schema.get("$schema", DIALECT) not in (DIALECT, DIALECT + "#"):
+        source.problem((*where, "$schema"), f"only JSON Schema 2020-12 ({DIALECT}) is supported")
         return None
     try:
         jsonschema_rs.meta.validate(schema)
-        return jsonschema_rs.Draft202012Validator(schema, validate_formats=True)
+        # Offline: a $ref must resolve inside the catalog. One that names a URL or a file
+        # would make what a tool accepts depend on a document the policy version does not
+        # cover, fetched (from wherever the catalog says) at every load.
+        return jsonschema_rs.Draft202012Validator(schema, validate_formats=True, offline=True)
     except jsonschema_rs.ValidationError as exc:
         source.problem((*where, *exc.instance_path), f"invalid JSON Schema: {exc.message}")
     except (jsonschema_rs.ReferencingError, ValueError) as exc:
