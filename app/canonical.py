@@ -56,6 +56,21 @@ def _number(value: float) -> bytes:
     return text.encode()
 
 
+def as_written(value: Any) -> Any:
+    """``value`` as its canonical JSON reads back: a float of integral value within
+    ±(2**53-1) (``1.0``, ``-0.0``) is that integer, as RFC 8785 writes it (``1``, ``0``).
+    Two values with one digest are then one value everywhere else too: in a URL, where
+    ``1.0`` is not ``1``, and in CEL, where ``/`` divides integers apart from doubles."""
+    kind = type(value)
+    if kind is float and value.is_integer() and abs(value) <= SAFE_INTEGER:
+        return int(value)
+    if kind is dict:
+        return {key: as_written(inner) for key, inner in value.items()}
+    if kind is list:
+        return [as_written(inner) for inner in value]
+    return value
+
+
 def canonical(document: Any) -> bytes:
     """RFC 8785 canonical JSON. Raises ``rfc8785.CanonicalizationError`` for what JSON cannot
     say exactly (also for a string that is not valid Unicode)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -324,3 +326,54 @@ def test_the_inbox_reads_by_tool_exactly_what_may_approve_allows(
             )
             assert (name in listed) == allowed, (name, actor)
     assert decidable.own == ["issue_refund"], "owner lets anyone decide their own refunds"
+
+
+SHELVES = """
+version: "t1"
+providers:
+  shop: {base_url: "http://127.0.0.1:9"}
+tools:
+  clear_shelf:
+    mutation: true
+    provider: shop
+    execute: {method: DELETE, path: "/shelves/{shelf}"}
+    high_impact_when: "args.shelf / 2 > 50"
+    approval: {approvers: [owner]}
+    parameters:
+      type: object
+      additionalProperties: false
+      required: [shelf]
+      properties:
+        shelf: {type: integer}
+        keep: {type: number, default: 2.0}
+        labels: {type: array, items: {type: number}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("sent", "normalized"),
+    [
+        ({"shelf": 101.0}, {"shelf": 101, "keep": 2}),
+        ({"shelf": 1e2, "keep": -0.0}, {"shelf": 100, "keep": 0}),
+        ({"shelf": 7, "labels": [1.0, 1.5]}, {"shelf": 7, "keep": 2, "labels": [1, 1.5]}),
+    ],
+)
+def test_numbers_are_normalized_as_the_canonical_json_the_fingerprint_hashes(
+    tmp_path: Path, sent: dict[str, Any], normalized: dict[str, Any]
+) -> None:
+    """``101.0`` and ``101`` are one number to RFC 8785, so they share a fingerprint (and
+    an approval, and an idempotency key); the call sent must be the same too, not
+    ``DELETE /shelves/101.0`` for a call approved as ``/shelves/101``, nor a CEL ``/``
+    that divides one as a double and the other as an integer (another impact)."""
+    from app.catalog.loader import load
+    from app.providers import build_request
+    from tests.catalogs import write
+
+    tool = load(write(tmp_path, SHELVES), {}).tools["clear_shelf"]
+    got, expected = policy.prepare(tool, sent), policy.prepare(tool, normalized)
+    assert got.fingerprint == expected.fingerprint
+    assert json.dumps(got.arguments, sort_keys=True) == json.dumps(normalized, sort_keys=True)
+    assert build_request(tool.provider, tool.execute, got.arguments) == build_request(
+        tool.provider, tool.execute, normalized
+    )
+    assert policy.impact_of(ALICE, got) == policy.impact_of(ALICE, expected)

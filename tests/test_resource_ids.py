@@ -103,21 +103,25 @@ async def test_another_tenants_integer_id_is_looked_up_refused_and_never_read(
     assert [tuple(r) for r in rows] == [("deny", "tool_forbidden", "widget", "2")] * 2
 
 
+@pytest.mark.parametrize("widget", [1, 1.0])
 async def test_an_own_integer_id_is_looked_up_by_its_decimal_text_and_read(
-    shop: tuple[Shop, httpx.AsyncClient], auth: Auth
+    shop: tuple[Shop, httpx.AsyncClient], auth: Auth, widget: float
 ) -> None:
+    """``1.0`` is the number ``1`` (RFC 8785 writes it so, and the fingerprint hashes it so):
+    it is looked up, read and recorded as ``1``, never as the text ``1.0``."""
     provider, client = shop
-    proposal = await call(client, auth, "/propose", 1)
+    proposal = await call(client, auth, "/propose", widget)
     assert proposal.status_code == 200, proposal.text
     assert proposal.json()["target"] == {"type": "widget", "id": "1"}
-    response = await call(client, auth, "/execute", 1)
+    assert proposal.json()["arguments"] == {"widget_id": 1}
+    response = await call(client, auth, "/execute", widget)
     assert response.status_code == 200, response.text
     assert response.json()["result"] == {"id": 1, "name": "widget 1"}
     assert provider.lookups == ["1", "1"]
     assert provider.reads == ["1"]
 
 
-@pytest.mark.parametrize("widget", [1.0, True, "1", 2**53, -(2**53), None, [1], {"id": 1}])
+@pytest.mark.parametrize("widget", [1.5, True, "1", 2**53, -(2**53), None, [1], {"id": 1}])
 async def test_an_id_that_is_not_an_exact_integer_is_refused_without_lookups(
     shop: tuple[Shop, httpx.AsyncClient], auth: Auth, db: asyncpg.Connection, widget: Any
 ) -> None:

@@ -17,7 +17,7 @@ import rfc8785
 
 from app import recordable
 from app.auth.principal import Principal
-from app.canonical import SAFE_INTEGER, digest
+from app.canonical import SAFE_INTEGER, as_written, digest
 from app.catalog.models import Impact, Owner, Resource, Tool, argument_text
 from app.errors import IdentitySpoof, InvalidArguments, TaintedArguments, ToolForbidden
 from app.runs.provenance import Candidate, Recall, Taint, candidates, findings
@@ -91,7 +91,9 @@ def completed(tool: Tool, principal: Principal, raw: Any) -> Any:
 
 def prepare(tool: Tool, raw: Any) -> PreparedCall:
     """Validate arguments against the tool's schema, filling defaults; raise on any error.
-    Arguments that cannot be stored or canonicalized (``recordable``) are refused first."""
+    Arguments that cannot be stored or canonicalized (``recordable``) are refused first.
+    Numbers are kept as the fingerprint's canonical JSON writes them (``as_written``), so
+    what is validated, judged, approved and sent is exactly what was fingerprinted."""
     if not isinstance(raw, dict):
         raise InvalidArguments(
             "arguments must be a JSON object", errors=[{"path": "", "message": "not an object"}]
@@ -99,7 +101,7 @@ def prepare(tool: Tool, raw: Any) -> PreparedCall:
     unfit = recordable.problems(raw)
     if unfit:
         raise InvalidArguments("arguments hold values that cannot be recorded", errors=unfit)
-    arguments = _with_defaults(tool.parameters, raw)
+    arguments = as_written(_with_defaults(tool.parameters, raw))
     errors = [
         {"path": "/" + "/".join(str(p) for p in e.instance_path), "message": e.message}
         for e in tool.validator.iter_errors(arguments)
