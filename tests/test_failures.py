@@ -105,6 +105,96 @@ async def test_an_unsent_request_whose_record_was_taken_over_gives_nothing_back(
     assert consumed is not None, "the approval was given back while its record may have run"
 
 
+DEAD_NOTE_CATALOG = """
+version: "dead-2"
+providers:
+  dead: {base_url: "http://127.0.0.1:1", timeout_s: 1}
+tools:
+  add_note:
+    mutation: true
+    provider: dead
+    execute: {method: POST, path: "/notes"}
+    impact: low
+    cost: 1
+    access: {roles: [support]}
+    parameters:
+      type: object
+      additionalProperties: false
+      required: [text]
+      properties:
+        text: {type: string}
+"""
+
+
+async def _waits_on_a_lock(db: asyncpg.Connection, pid: int | None = None) -> None:
+    """Until a backend (``pid``, or any waiting on an advisory lock) waits on a lock."""
+    for _ in range(200):
+        if pid is None:
+            sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            if await db.fetchval(sql):
+                return
+        elif await db.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+        ):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("nothing waited on a lock")
+
+
+async def test_an_unsent_call_is_released_without_deadlocking_a_parallel_execute_of_it(
+    env: dict[str, str], auth: Auth, tmp_path: Path, db: asyncpg.Connection, database_url: str
+) -> None:
+    """Giving an unsent call's run cost back and its state back takes the call's row and the
+    run's. A parallel execute of the same call (another key) takes them call first, then run
+    (``recording.counts_as_call``); a release taking the run first deadlocked with it, and
+    PostgreSQL aborted one of the two. Here the release is held, by a trigger, just after
+    its refund, while a stand-in for that execute takes the call and then the run."""
+    (tmp_path / "dead.yaml").write_text(DEAD_NOTE_CATALOG)
+    await db.execute(
+        """
+        CREATE FUNCTION held() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$;
+        CREATE TRIGGER held AFTER UPDATE ON runs
+        FOR EACH ROW WHEN (NEW.cost < OLD.cost) EXECUTE FUNCTION held();
+        """
+    )
+    gate, execute = await asyncpg.connect(database_url), await asyncpg.connect(database_url)
+    try:
+        async with running_app({**env, "TOOLGATE_CATALOG": str(tmp_path)}) as client:
+            flow = Flow(client, auth)
+            run = await flow.post("/runs", {})
+            run_id = run.json()["run_id"]
+            proposed = await flow.post(
+                "/propose", {"tool": "add_note", "arguments": {"text": "t"}, "run_id": run_id}
+            )
+            call_id = proposed.json()["call_id"]
+            await gate.execute("SELECT pg_advisory_lock(4242)")
+            sent = asyncio.create_task(
+                flow.execute("add_note", {"text": "t"}, new_key(), call_id=call_id)
+            )
+            await _waits_on_a_lock(db)  # the release is held after its refund
+
+            async def parallel() -> None:
+                async with execute.transaction():
+                    sql = "SELECT state FROM calls WHERE id = $1 FOR UPDATE"
+                    await execute.fetchval(sql, call_id)
+                    await execute.execute("UPDATE runs SET calls = calls WHERE id = $1", run_id)
+
+            other = asyncio.create_task(parallel())
+            await _waits_on_a_lock(db, execute.get_server_pid())
+            await gate.execute("SELECT pg_advisory_unlock(4242)")
+            response = await sent
+            await other  # not aborted as a deadlock's victim
+    finally:
+        await gate.close()
+        await execute.close()
+        await db.execute("DROP TRIGGER held ON runs; DROP FUNCTION held()")
+    assert (response.status_code, response.json()["code"]) == (502, "provider_unavailable")
+    assert await db.fetchval("SELECT count(*) FROM executions") == 0
+    assert await db.fetchval("SELECT cost FROM runs WHERE id = $1", run_id) == 0
+    assert await db.fetchval("SELECT state FROM calls WHERE id = $1", call_id) == "proposed"
+
+
 async def test_redis_down_fails_mutations_closed(
     env: dict[str, str], auth: Auth, providers: Providers, db: asyncpg.Connection
 ) -> None:

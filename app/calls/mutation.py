@@ -518,9 +518,12 @@ class Execution:
         """Nothing reached the provider: free the key, give the approval and the run's cost
         back; whether the record was still this request's to release. One that another
         request took over meanwhile (it found the lock lapsed) is left as that one left
-        it, and so are the approval and the run it holds: it may have sent since."""
+        it, and so are the approval and the run it holds: it may have sent since. The call's
+        row is locked first, as an execute's admission locks it (call, then run): taking the
+        run first deadlocked with a parallel execute of the same call."""
         authorized = self.authorized
         async with self.state.db.transaction() as conn:
+            await store.lock(conn, record.call_id)
             if not await store.release(conn, record.operation_id):
                 return False
             if record.approval_id is not None:
