@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -105,25 +107,31 @@ async def test_an_unsent_request_whose_record_was_taken_over_gives_nothing_back(
     assert consumed is not None, "the approval was given back while its record may have run"
 
 
-DEAD_NOTE_CATALOG = """
-version: "dead-2"
-providers:
-  dead: {base_url: "http://127.0.0.1:1", timeout_s: 1}
-tools:
-  add_note:
+NOTE_TOOL = """
+  {name}:
     mutation: true
     provider: dead
-    execute: {method: POST, path: "/notes"}
-    impact: low
+    execute: {{method: POST, path: "/notes"}}
+    impact: {impact}
     cost: 1
-    access: {roles: [support]}
+    approval: {{approvers: [owner]}}
+    access: {{roles: [support]}}
     parameters:
       type: object
       additionalProperties: false
       required: [text]
       properties:
-        text: {type: string}
+        text: {{type: string}}
 """
+DEAD_NOTE_CATALOG = (
+    """
+version: "dead-2"
+providers:
+  dead: {base_url: "http://127.0.0.1:1", timeout_s: 1}
+tools:"""
+    + NOTE_TOOL.format(name="add_note", impact="low")
+    + NOTE_TOOL.format(name="close_note", impact="high")
+)
 
 
 async def _waits_on_a_lock(db: asyncpg.Connection, pid: int | None = None) -> None:
@@ -141,58 +149,97 @@ async def _waits_on_a_lock(db: asyncpg.Connection, pid: int | None = None) -> No
     raise AssertionError("nothing waited on a lock")
 
 
+async def _raced_by_an_execute(
+    db: asyncpg.Connection,
+    database_url: str,
+    when: str,
+    call_id: str,
+    run_id: str,
+    request: Coroutine[Any, Any, httpx.Response],
+) -> httpx.Response:
+    """``request``'s answer, its transaction held (by a trigger) just after it changed the
+    run's row so ``when``, while a stand-in for a parallel execute of ``call_id`` takes the
+    locks an execute's admission takes: the call's row, then the run's. Raises what
+    PostgreSQL answers either side if the two deadlock."""
+    await db.execute(
+        f"""
+        CREATE FUNCTION held() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$;
+        CREATE TRIGGER held AFTER UPDATE ON runs
+        FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION held();
+        """
+    )
+    gate, execute = await asyncpg.connect(database_url), await asyncpg.connect(database_url)
+
+    async def parallel() -> None:
+        async with execute.transaction():
+            await execute.fetchval("SELECT state FROM calls WHERE id = $1 FOR UPDATE", call_id)
+            await execute.execute("UPDATE runs SET calls = calls WHERE id = $1", run_id)
+
+    try:
+        await gate.execute("SELECT pg_advisory_lock(4242)")
+        sent = asyncio.create_task(request)
+        await _waits_on_a_lock(db)  # the request is held, the run's row locked
+        other = asyncio.create_task(parallel())
+        await _waits_on_a_lock(db, execute.get_server_pid())
+        await gate.execute("SELECT pg_advisory_unlock(4242)")
+        response = await sent
+        await other  # not aborted as a deadlock's victim
+        return response
+    finally:
+        await gate.close()
+        await execute.close()
+        await db.execute("DROP TRIGGER held ON runs; DROP FUNCTION held()")
+
+
+async def _proposed_in_a_run(flow: Flow, tool: str) -> tuple[str, str]:
+    """(run_id, call_id) of ``tool`` proposed in a new run."""
+    run_id = (await flow.post("/runs", {})).json()["run_id"]
+    body = {"tool": tool, "arguments": {"text": "t"}, "run_id": run_id}
+    return run_id, (await flow.post("/propose", body)).json()["call_id"]
+
+
 async def test_an_unsent_call_is_released_without_deadlocking_a_parallel_execute_of_it(
     env: dict[str, str], auth: Auth, tmp_path: Path, db: asyncpg.Connection, database_url: str
 ) -> None:
     """Giving an unsent call's run cost back and its state back takes the call's row and the
     run's. A parallel execute of the same call (another key) takes them call first, then run
     (``recording.counts_as_call``); a release taking the run first deadlocked with it, and
-    PostgreSQL aborted one of the two. Here the release is held, by a trigger, just after
-    its refund, while a stand-in for that execute takes the call and then the run."""
+    PostgreSQL aborted one of the two. Here the release is held just after its refund."""
     (tmp_path / "dead.yaml").write_text(DEAD_NOTE_CATALOG)
-    await db.execute(
-        """
-        CREATE FUNCTION held() RETURNS trigger LANGUAGE plpgsql AS
-        $$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$;
-        CREATE TRIGGER held AFTER UPDATE ON runs
-        FOR EACH ROW WHEN (NEW.cost < OLD.cost) EXECUTE FUNCTION held();
-        """
-    )
-    gate, execute = await asyncpg.connect(database_url), await asyncpg.connect(database_url)
-    try:
-        async with running_app({**env, "TOOLGATE_CATALOG": str(tmp_path)}) as client:
-            flow = Flow(client, auth)
-            run = await flow.post("/runs", {})
-            run_id = run.json()["run_id"]
-            proposed = await flow.post(
-                "/propose", {"tool": "add_note", "arguments": {"text": "t"}, "run_id": run_id}
-            )
-            call_id = proposed.json()["call_id"]
-            await gate.execute("SELECT pg_advisory_lock(4242)")
-            sent = asyncio.create_task(
-                flow.execute("add_note", {"text": "t"}, new_key(), call_id=call_id)
-            )
-            await _waits_on_a_lock(db)  # the release is held after its refund
-
-            async def parallel() -> None:
-                async with execute.transaction():
-                    sql = "SELECT state FROM calls WHERE id = $1 FOR UPDATE"
-                    await execute.fetchval(sql, call_id)
-                    await execute.execute("UPDATE runs SET calls = calls WHERE id = $1", run_id)
-
-            other = asyncio.create_task(parallel())
-            await _waits_on_a_lock(db, execute.get_server_pid())
-            await gate.execute("SELECT pg_advisory_unlock(4242)")
-            response = await sent
-            await other  # not aborted as a deadlock's victim
-    finally:
-        await gate.close()
-        await execute.close()
-        await db.execute("DROP TRIGGER held ON runs; DROP FUNCTION held()")
+    async with running_app({**env, "TOOLGATE_CATALOG": str(tmp_path)}) as client:
+        flow = Flow(client, auth)
+        run_id, call_id = await _proposed_in_a_run(flow, "add_note")
+        send = flow.execute("add_note", {"text": "t"}, new_key(), call_id=call_id)
+        response = await _raced_by_an_execute(
+            db, database_url, "NEW.cost < OLD.cost", call_id, run_id, send
+        )
     assert (response.status_code, response.json()["code"]) == (502, "provider_unavailable")
     assert await db.fetchval("SELECT count(*) FROM executions") == 0
     assert await db.fetchval("SELECT cost FROM runs WHERE id = $1", run_id) == 0
     assert await db.fetchval("SELECT state FROM calls WHERE id = $1", call_id) == "proposed"
+
+
+async def test_an_execute_by_approval_alone_does_not_deadlock_a_parallel_execute_of_its_call(
+    env: dict[str, str], auth: Auth, tmp_path: Path, db: asyncpg.Connection, database_url: str
+) -> None:
+    """An execute naming only its approval charges the call's run and marks the call
+    started. Taking the run first and the call second deadlocked with an execute naming the
+    call (call first, then run); here the first is held just after its run's charge."""
+    (tmp_path / "dead.yaml").write_text(DEAD_NOTE_CATALOG)
+    async with running_app({**env, "TOOLGATE_CATALOG": str(tmp_path)}) as client:
+        flow = Flow(client, auth)
+        run_id, call_id = await _proposed_in_a_run(flow, "close_note")
+        approval = await flow.approve(call_id, None, ALICE)
+        approval_id = approval.json()["approval_id"]
+        send = flow.execute("close_note", {"text": "t"}, new_key(), approval_id=approval_id)
+        response = await _raced_by_an_execute(
+            db, database_url, "NEW.cost > OLD.cost", call_id, run_id, send
+        )
+    assert (response.status_code, response.json()["code"]) == (502, "provider_unavailable")
+    assert await db.fetchval("SELECT count(*) FROM executions") == 0
+    assert await db.fetchval("SELECT consumed_by FROM approvals WHERE id = $1", approval_id) is None
+    assert await db.fetchval("SELECT state FROM calls WHERE id = $1", call_id) == "approved"
 
 
 async def test_redis_down_fails_mutations_closed(

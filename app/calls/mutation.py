@@ -417,6 +417,8 @@ class Execution:
         try:
             async with self.state.db.transaction() as conn:
                 counted = await recording.counts_as_call(conn, existing)  # call, then run
+                if existing is None and approval is not None:  # its call, by approval alone
+                    await store.lock(conn, call_id)
                 refusal = await recording.admit_to_run(
                     conn, authorized, new_call=approval is None and counted, cost=tool.cost
                 )
