@@ -376,3 +376,21 @@ def test_a_gateways_own_error_page_is_retried_with_the_same_key(status: int) -> 
         "unexpected_response",
         "k" * 16,
     )
+
+
+async def test_an_export_row_holding_a_unicode_line_separator_is_read_whole(
+    as_user: Callable[..., AsyncClient],
+) -> None:
+    """NDJSON separates rows with ``\\n`` alone; JSON leaves U+2028, U+2029 and U+0085 raw in
+    a string. Any user who puts one in an argument must not make the export unreadable (or
+    misread) for the auditor."""
+    async with as_user() as alice, as_user("audra", "auditor") as auditor:
+        run = await alice.start_run("odd text")
+        with pytest.raises(ToolgateError):
+            await alice.propose(
+                "get_order", {"order_id": "ord\u2028\u2029\x85"}, run_id=run["run_id"]
+            )
+        page = await auditor.audit(run_id=run["run_id"])
+        exported = await auditor.audit_export(run_id=run["run_id"])
+    assert [item["event"] for item in page["items"]] == ["denied"]
+    assert exported == page["items"]
