@@ -28,7 +28,7 @@ from jwt.algorithms import RSAAlgorithm
 
 import app.auth.tokens as tokens_module
 from app.auth.tokens import TokenVerifier
-from app.errors import ToolgateError, Unauthenticated
+from app.errors import ToolgateError, Unauthenticated, Unavailable
 from app.outbound import Outbound
 from app.settings import ConfigError, Settings
 from tests.conftest import SECRET, Providers
@@ -324,6 +324,7 @@ class Jwks:
         self.keys: list[dict[str, Any]] = []
         self.hits = 0
         self.url = ""
+        self.down = False
 
     def publish(self, kid: str, key: rsa.RSAPrivateKey) -> None:
         jwk = RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)
@@ -331,6 +332,8 @@ class Jwks:
 
     async def handle(self, request: web.Request) -> web.Response:
         self.hits += 1
+        if self.down:
+            return web.json_response({"error": "down"}, status=503)
         return web.json_response({"keys": list(self.keys)})
 
 
@@ -473,3 +476,42 @@ async def test_several_authorization_headers_are_refused_whichever_comes_first(
             assert response.json()["code"] == "unauthenticated"
     assert await db.fetchval("SELECT count(*) FROM calls") == 0
     assert await providers.requests() == []
+
+
+async def test_jwks_keys_stop_verifying_once_older_than_their_max_age_when_no_refetch_succeeds(
+    outbound: Outbound, jwks: Jwks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys are cached for at most ``JWKS_MAX_AGE_S``: a refetch that fails must not renew
+    them, or a key the issuer withdrew (or one stolen, while whoever holds it keeps the
+    issuer out of reach) verifies for ever, and tokens are told 503, never 401 "unknown
+    key", while the issuer's keys cannot be fetched."""
+    key_a = rsa_key()
+    jwks.publish("A", key_a)
+    verifier = TokenVerifier(Settings.from_env({"TOOLGATE_JWKS_URL": jwks.url}), outbound)
+    assert (await verifier.verify(rs256(key_a, "A"))).sub == "alice"
+    jwks.down = True
+    monkeypatch.setattr(tokens_module, "JWKS_MAX_AGE_S", 0.2)
+    monkeypatch.setattr(tokens_module, "JWKS_REFETCH_COOLDOWN_S", 0.1)
+    await asyncio.sleep(0.3)
+    for sub in ("bob", "carol", "dave"):  # distinct tokens: none answered from memory
+        with pytest.raises(Unavailable):
+            await verifier.verify(rs256(key_a, "A", sub=sub))
+        monkeypatch.setattr(tokens_module, "JWKS_REFETCH_COOLDOWN_S", 30.0)
+    assert jwks.hits == 2, "one refetch per cooldown while the issuer is down"
+    jwks.down = False
+    monkeypatch.setattr(tokens_module, "JWKS_REFETCH_COOLDOWN_S", 0.0)
+    assert (await verifier.verify(rs256(key_a, "A", sub="erin"))).sub == "erin"
+    assert jwks.hits == 3
+
+
+async def test_a_jwks_that_cannot_be_fetched_at_first_is_503_not_an_unknown_key(
+    outbound: Outbound, jwks: Jwks
+) -> None:
+    key_a = rsa_key()
+    jwks.publish("A", key_a)
+    jwks.down = True
+    verifier = TokenVerifier(Settings.from_env({"TOOLGATE_JWKS_URL": jwks.url}), outbound)
+    for sub in ("alice", "bob"):
+        with pytest.raises(Unavailable):
+            await verifier.verify(rs256(key_a, "A", sub=sub))
+    assert jwks.hits == 1

@@ -32,21 +32,26 @@ class JwksCache:
         self._url = url
         self._outbound = outbound
         self._keys: dict[str | None, jwt.PyJWK] = {}
-        self._fetched_at = float("-inf")
+        self._fetched_at = float("-inf")  # the last fetch tried
+        self._keys_at = float("-inf")  # the last one that gave ``_keys``
         self._lock = asyncio.Lock()
 
     async def key(self, kid: str | None) -> jwt.PyJWK:
         """The key for ``kid``. Keys older than ``JWKS_MAX_AGE_S`` are refetched first, so a
-        key the issuer withdrew stops verifying; an unknown ``kid`` triggers at most one
-        refetch per cooldown."""
+        key the issuer withdrew stops verifying; only a fetch that succeeds renews them, so
+        while the issuer is out of reach tokens are ``Unavailable``, not verified with old
+        keys for ever. An unknown ``kid``, or stale keys, trigger at most one fetch per
+        cooldown."""
         key = self._lookup(kid) if not self._stale() else None
         if key is not None:
             return key
         async with self._lock:
             if self._stale():
+                if not self._may_fetch():
+                    raise Unavailable("the token issuer's keys cannot be fetched")
                 await self._refresh()
             key = self._lookup(kid)
-            if key is None and time.monotonic() - self._fetched_at >= JWKS_REFETCH_COOLDOWN_S:
+            if key is None and self._may_fetch():
                 await self._refresh()
                 key = self._lookup(kid)
         if key is None:
@@ -54,7 +59,10 @@ class JwksCache:
         return key
 
     def _stale(self) -> bool:
-        return time.monotonic() - self._fetched_at >= JWKS_MAX_AGE_S
+        return time.monotonic() - self._keys_at >= JWKS_MAX_AGE_S
+
+    def _may_fetch(self) -> bool:
+        return time.monotonic() - self._fetched_at >= JWKS_REFETCH_COOLDOWN_S
 
     def _lookup(self, kid: str | None) -> jwt.PyJWK | None:
         if kid is None and len(self._keys) == 1:
@@ -72,7 +80,7 @@ class JwksCache:
         keys = _signature_keys(response.body.get("keys"))
         if not keys:
             raise Unavailable("the token issuer's key set is unusable")
-        self._keys = keys
+        self._keys, self._keys_at = keys, self._fetched_at
 
 
 def _signature_keys(members: Any) -> dict[str | None, jwt.PyJWK]:
