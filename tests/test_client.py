@@ -361,6 +361,24 @@ def test_every_operation_raises_an_unexpected_success_as_a_toolgate_error(
     assert (error.status, error.code) == (200, "unexpected_response")
 
 
+@pytest.mark.parametrize(
+    ("operation", "args", "answer"),
+    [
+        ("approvals", (), {"items": "abc", "next_cursor": None}),
+        ("approvals", (), {"next_cursor": None}),
+        ("wait_for_call", ("call_1",), {"call_id": "call_1"}),
+    ],
+)
+def test_an_object_of_another_shape_is_an_unexpected_response_not_a_key_error(
+    operation: str, args: tuple[Any, ...], answer: dict[str, Any]
+) -> None:
+    """The members an operation goes on reading must be there, with their types: a
+    ``KeyError`` (or a page of single characters) is not what a caller can handle."""
+    _, error = carried([httpx.Response(200, json=answer)], operation, *args)
+    assert isinstance(error, ToolgateError), f"{operation} gave {error!r}"
+    assert (error.status, error.code) == (200, "unexpected_response")
+
+
 def test_wait_for_call_refuses_a_timeout_that_never_passes() -> None:
     for timeout in (float("nan"), -1.0):
         with pytest.raises(ValueError, match="timeout"):

@@ -150,9 +150,15 @@ def answer(request: Request) -> Plan[httpx.Response]:
     raise error_of(response)
 
 
-def answered(request: Request) -> Plan[JSON]:
-    """One request, no retry: the JSON object of its success, else its error raised."""
-    return object_of((yield from answer(request)))
+def answered(request: Request, **shape: type | tuple[type, ...]) -> Plan[JSON]:
+    """One request, no retry: the JSON object of its success, else its error raised. The
+    members an operation reads on (``shape``: name and type) must be there: an object of
+    another shape is an unexpected answer too, not a ``KeyError`` further on."""
+    response = yield from answer(request)
+    found = object_of(response)
+    if not all(isinstance(found.get(name), kind) for name, kind in shape.items()):
+        raise _unexpected(response)
+    return found
 
 
 def answer_retrying(request: Request, retry: Retry) -> Plan[httpx.Response]:
@@ -347,7 +353,7 @@ class Operations:
             remaining = min(MAX_WAIT_S, deadline - time.monotonic())
             params = {"wait": f"{remaining:.3f}"} if remaining > 0.001 else {}
             request = Request("GET", f"/calls/{quote(call_id, safe='')}", params=params)
-            found = cast(Call, (yield from answered(request)))
+            found = cast(Call, (yield from answered(request, state=str, proposal=dict)))
             if not params or not waiting(found):
                 return found
 
@@ -357,7 +363,8 @@ class Operations:
         items: list[JSON] = []
         params = {"status": status}
         while True:
-            page = yield from answered(Request("GET", "/approvals", params=params))
+            request = Request("GET", "/approvals", params=params)
+            page = yield from answered(request, items=list, next_cursor=(str, type(None)))
             items += page["items"]
             if page["next_cursor"] is None:
                 return items
