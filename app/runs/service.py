@@ -260,9 +260,14 @@ def _elapsed(run: RunRow) -> float:
 async def finish(
     state: AppState, principal: Principal, run_id: str, body: FinishBody
 ) -> dict[str, Any]:
-    await _settled(state, principal, run_id)  # committed even when the finish is refused
     async with state.db.transaction() as conn:
         run = await visible(conn, principal, run_id, lock=True)
-        if not await _end(conn, state.catalog, run, body.status, body.reason):
-            raise InvalidRequest(f"the run has already ended ({run.status})", run_id=run.id)
+        ended: str | None = run.status
+        if _spent(run):  # ended by its limit first, as the next call would have found it
+            await _fail(conn, state.catalog, run, 0, 0.0)
+            ended = "failed"
+        elif await _end(conn, state.catalog, run, body.status, body.reason):
+            ended = None
+    if ended is not None:  # raised once the limit's ending is committed
+        raise InvalidRequest(f"the run has already ended ({ended})", run_id=run.id)
     return await read(state, principal, run_id)
