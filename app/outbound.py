@@ -55,8 +55,9 @@ def _may_not_fit(raw: bytes) -> bool:
     """Whether a JSON text orjson reads may hold what toolgate cannot store and hash as it
     is: an escaped NUL, or an integer beyond ±(2**53-1), which has at least 16 digits (lone
     surrogates and non-finite numbers orjson refuses itself). Two scans in C instead of
-    rebuilding every answer."""
-    return b"\\u0000" in raw or b"0" * 16 in raw.translate(_DIGITS_AS_ZERO)
+    rebuilding every answer. (``find``, not ``in``: ``bytes.__contains__`` first tries its
+    operand as an integer, raising and clearing a TypeError on every call.)"""
+    return raw.find(b"\\u0000") >= 0 or raw.translate(_DIGITS_AS_ZERO).find(b"0" * 16) >= 0
 
 
 class Response(NamedTuple):
