@@ -20,6 +20,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from urllib.parse import parse_qs, urlsplit
@@ -302,7 +303,9 @@ async def _audit_verify(
     try:
         if await pending_migrations(url):
             raise ConfigError("the database schema is not migrated; run `toolgate migrate`")
-        report = await seal_and_verify(url, key, public_key, published, archive)
+        days = settings.audit_retention_days
+        horizon = timedelta(days=days) if days else None
+        report = await seal_and_verify(url, key, public_key, published, archive, horizon)
     except Unavailable as exc:
         raise ConfigError(exc.detail) from None
     print(report.summary())

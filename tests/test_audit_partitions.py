@@ -21,8 +21,8 @@ import orjson
 import pytest
 
 from app import retention
-from app.audit import archive, chain, sealer, store
-from app.audit.models import Anchor, Archived, AuditRow, ChainHead
+from app.audit import archive, chain, checkpoints, sealer, store
+from app.audit.models import Anchor, Archived, AuditRow, ChainHead, Checkpoint
 from app.audit.service import verify
 from app.db import Database, Lock, migrate, migration_files
 from app.settings import Settings
@@ -440,3 +440,56 @@ async def test_a_database_with_sealed_rows_migrates_from_0014_and_its_chain_stil
                 await db.close()
         finally:
             await conn.close()
+
+
+async def test_a_checkpoint_of_a_removed_position_newer_than_the_retention_fails_verify(
+    trail: Trail, tmp_path: Path
+) -> None:
+    """The anchor is not signed: a database writer can move it forward over young rows and
+    delete them. A published checkpoint of a removed position betrays it when it was signed
+    inside the audit retention, which no rightful removal can be."""
+    key = checkpoints.SigningKey.generate()
+    await write(trail.conn, A, 2)
+    await write(trail.conn, B, 2)
+    await sealer.seal_all(trail.db, grace_s=0, key=key)
+    hashes = dict(await trail.conn.fetch("SELECT chain_pos, hash FROM audit_seals"))
+    assert await archive.remove_months(trail.db, end_of(A), None) == 2
+
+    def signed_at(position: int, at: datetime) -> tuple[int, Checkpoint]:
+        head = ChainHead(position, hashes[position], position)
+        return (1, key.sign(head, chain.rfc3339(at)))
+
+    rightful = signed_at(2, datetime(A.year, A.month, 10, 0, 1, tzinfo=UTC))
+    hidden = signed_at(2, NOW - timedelta(days=20))
+    kept = signed_at(3, NOW - timedelta(days=20))
+    days = timedelta(days=30)
+    report = await verify(trail.db, key.public, [rightful, kept], horizon=days)
+    assert (report.ok, report.removed_through, report.first_broken) == (True, 2, None), report
+    assert (await verify(trail.db, key.public, [hidden])).ok, "without a horizon, passed over"
+    report = await verify(trail.db, key.public, [kept, hidden], horizon=days)
+    assert not report.ok, report
+    assert report.first_broken is not None
+    assert report.first_broken.chain_pos == 2
+    assert "removed before their time" in report.first_broken.reason
+    # A line no key vouches for cannot raise the alarm.
+    unsigned = (1, dataclasses.replace(signed_at(1, NOW)[1], signature=None))
+    assert (await verify(trail.db, key.public, [unsigned], horizon=days)).ok
+
+    # `toolgate audit verify` judges by the instances' TOOLGATE_AUDIT_RETENTION_DAYS.
+    published_file, public_file = tmp_path / "checkpoints.ndjson", tmp_path / "audit.pub"
+    published_file.write_bytes(checkpoints.record(hidden[1]))
+    public_file.write_text(key.public.pem())
+    argv = (
+        "audit",
+        "verify",
+        "--checkpoints",
+        str(published_file),
+        "--public-key",
+        str(public_file),
+    )
+    done = await asyncio.to_thread(cli, *argv, TOOLGATE_DATABASE_URL=trail.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    retention = {"TOOLGATE_RETENTION_DAYS": "30", "TOOLGATE_AUDIT_RETENTION_DAYS": "30"}
+    done = await asyncio.to_thread(cli, *argv, TOOLGATE_DATABASE_URL=trail.url, **retention)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "removed before their time" in done.stdout

@@ -30,6 +30,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -264,4 +265,42 @@ def compare(
         else:
             continue
         return Broken(None, published.chain_pos, reason)
+    return None
+
+
+SEALING_SLACK = timedelta(days=7)
+"""How long after its row was written a checkpoint may have been signed: the sealer seals a
+row seconds after it commits, unless it was stopped (which verify reports as stalled)."""
+
+
+def removed_early(
+    exported: Iterable[Exported],
+    removed_through: int,
+    public: PublicKey | None,
+    horizon: timedelta,
+    now: datetime,
+) -> Broken | None:
+    """A published checkpoint at a position retention removed, signed so recently that its
+    row cannot yet have been older than the audit retention (``horizon``): the chain's start
+    (the anchor, which is not signed) was moved forward to hide newer rows. Only checkpoints
+    ``public`` vouches for count, when given; ``SEALING_SLACK`` allows for a sealer that
+    was behind."""
+    for line, published in exported:
+        if published.chain_pos > removed_through:
+            continue
+        if public is not None and not public.vouches_for(published):
+            continue
+        try:
+            signed = datetime.fromisoformat(published.at)
+        except ValueError:
+            continue
+        if signed.tzinfo is not None and signed > now - horizon + SEALING_SLACK:
+            return Broken(
+                None,
+                published.chain_pos,
+                f"retention removed position {published.chain_pos} (through "
+                f"{removed_through}), but the checkpoint on line {line} shows it sealed at "
+                f"{published.at}, inside the {horizon.days}-day audit retention: rows were "
+                "removed before their time",
+            )
     return None

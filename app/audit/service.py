@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,7 @@ async def verify(
     exported: Sequence[Exported] = (),
     turns: Turns | None = None,
     archive_dir: Path | None = None,
+    horizon: timedelta | None = None,
 ) -> VerifyReport:
     """Recompute the chain in sealing order, up to the head of one short snapshot, and name
     the first thing that does not hold: a broken row, a chain cut short, a head not signed
@@ -178,7 +180,8 @@ async def verify(
     no seal, gap or unsealed count otherwise accounts for. With ``archive_dir``, the archive
     files of removed months are recomputed too (``archive.check``), up to the anchor, and
     published checkpoints of archived positions are compared with them instead of being
-    passed over."""
+    passed over. With the audit retention (``horizon``), a checkpoint of a removed position
+    that is newer than the retention allows is a break (``checkpoints.removed_early``)."""
     turns = turns or Turns(resting=False)
     async with db.sharing(Lock.CHAIN) as conn:
         async with turns.step(), store.snapshot(conn):
@@ -203,8 +206,8 @@ async def verify(
         uncovered = through - accounted - counted - gaps - anchor.outside_gaps
         # Checkpoints of removed positions can be compared only with an archive of them.
         start = archives[0].first_pos if archives else anchor.chain_pos
-        exported = [(line, c) for line, c in exported if c.chain_pos >= start]
-        positions = sorted({published.chain_pos for _, published in exported})
+        comparable = [(line, c) for line, c in exported if c.chain_pos >= start]
+        positions = sorted({published.chain_pos for _, published in comparable})
         hashes = await store.hashes_at(conn, positions) if positions else {}
         if anchor.chain_pos:
             hashes[anchor.chain_pos] = anchor.hash
@@ -219,7 +222,14 @@ async def verify(
         or checkpoints.head_problem(current, public)
         or chain.check_accounts(head, beyond, uncovered)
         or chain.check_unchained(head, unchained)
-        or checkpoints.compare(exported, head, hashes, public)
+        or checkpoints.compare(comparable, head, hashes, public)
+        or (
+            checkpoints.removed_early(
+                exported, anchor.chain_pos, public, horizon, datetime.now(UTC)
+            )
+            if horizon is not None
+            else None
+        )
     )
     return VerifyReport(
         ok=broken is None and stalled == 0,
@@ -231,7 +241,7 @@ async def verify(
         stalled=stalled,
         signed=bool(public and current and public.vouches_for(current)),
         key_id=current.key_id if current else None,
-        exported=len(exported),
+        exported=len(comparable),
         removed_through=anchor.chain_pos,
         removed_before=anchor.at,
         archived=archived.rows,
@@ -291,13 +301,15 @@ async def seal_and_verify(
     public: PublicKey | None,
     exported: Sequence[Exported],
     archive_dir: Path | None = None,
+    horizon: timedelta | None = None,
 ) -> VerifyReport:
     """For ``toolgate audit verify``: seal what can be sealed now (with ``key``), then
-    verify against ``public``, the published checkpoints and the archive files."""
+    verify against ``public``, the published checkpoints, the archive files and the audit
+    retention (``horizon``)."""
     db = Database(url)
     await db.open(min_size=1, max_size=2)
     try:
         await sealer.seal_all(db, key=key)
-        return await verify(db, public, exported, archive_dir=archive_dir)
+        return await verify(db, public, exported, archive_dir=archive_dir, horizon=horizon)
     finally:
         await db.close()
