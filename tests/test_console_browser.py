@@ -174,6 +174,19 @@ async def test_an_argument_holding_markup_is_shown_as_text_and_never_runs(
     assert await page.locator("#arguments img, #arguments script").count() == 0
 
 
+async def test_invisible_and_bidi_characters_in_an_argument_are_shown_as_markers(
+    page: Page, base_url: str, flow: Flow, token: Token
+) -> None:
+    """A right-to-left override makes ``\u202emoc.live@ecila`` read "alice@evil.com", and a
+    zero-width space is not seen at all: the approver must see what the value really holds."""
+    call_id = await pending_refund(flow, note="receipt to \u202emoc.live@ecila\u200b")
+    await sign_in(page, base_url, f"/console/calls/{call_id}", token(**BOB))
+    note = page.locator('[data-argument="note"] code')
+    await expect(note).to_have_text("receipt to U+202Emoc.live@ecilaU+200B")
+    await expect(note.locator(".invisible")).to_have_count(2)
+    assert "\u202e" not in await page.locator("main").inner_text()
+
+
 async def test_an_auditor_searches_the_trail_and_verifies_the_chain(
     page: Page, base_url: str, flow: Flow, token: Token, tmp_path: Path
 ) -> None:

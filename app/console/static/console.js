@@ -5,7 +5,8 @@
 //   #token=… fragment, which is removed at once); it is sent only in the Authorization
 //   header, to this origin.
 // - Every value from the API reaches the page as text (textContent, never innerHTML), so a
-//   tool argument holding markup or script is shown, never run.
+//   tool argument holding markup or script is shown, never run; an invisible character in it
+//   (a bidi override, a zero-width space) is shown as a visible marker, never applied.
 // - An approval names the snapshot hash of the preview this page showed; if the call was
 //   previewed again meanwhile, toolgate refuses it and the page says so.
 
@@ -89,9 +90,30 @@ function el(tag, attrs = {}, ...children) {
   }
   for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    if (child instanceof Node) node.append(child);
+    else node.append(...visible(String(child)));
   }
   return node;
+}
+
+// Characters a reader cannot see or that reorder the text after them: bidi controls,
+// zero-width and other default-ignorable characters, line separators, control characters
+// (tab and line breaks aside).
+const INVISIBLE = /([\p{Default_Ignorable_Code_Point}\p{Cf}\p{Zl}\p{Zp}\0-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f])/u;
+
+/** ``text`` as text nodes, each invisible character in it shown as a marker ("U+202E"):
+ * the approver sees every character of what they approve, in the order it is stored. */
+function visible(text) {
+  if (!INVISIBLE.test(text)) return [text];
+  return text
+    .split(INVISIBLE)
+    .map((part, i) => (i % 2 ? marker(part) : part))
+    .filter((part) => part !== "");
+}
+
+function marker(character) {
+  const code = character.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+  return el("span", { class: "invisible", title: "an invisible character" }, `U+${code}`);
 }
 
 function show(...nodes) {
