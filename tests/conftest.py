@@ -262,9 +262,10 @@ async def app(settings: Settings, redis_url: str) -> AsyncIterator[Any]:
     await client.aclose()
 
 
-@pytest.fixture(scope="module")
-async def base_url(app: Any) -> AsyncIterator[str]:
-    """The test app behind a real HTTP server (its lifespan already runs in ``app``)."""
+@asynccontextmanager
+async def served(app: Any) -> AsyncIterator[str]:
+    """``app`` behind a real HTTP server on a free local port (its lifespan must already
+    run); yields its base URL."""
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
     server = uvicorn.Server(config)
@@ -275,6 +276,13 @@ async def base_url(app: Any) -> AsyncIterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     await task
+
+
+@pytest.fixture(scope="module")
+async def base_url(app: Any) -> AsyncIterator[str]:
+    """The test app behind a real HTTP server (its lifespan already runs in ``app``)."""
+    async with served(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,9 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, expect
 
-from tests.conftest import ROOT, Providers
+from app.main import create_app
+from app.settings import Settings
+from tests.conftest import ROOT, Providers, served
 from tests.flows import ALICE, BOB, Auth, Flow, new_key, refund_args
 
 Token = Callable[..., str]
@@ -41,6 +43,19 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
 @pytest.fixture
 def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
     return Flow(client, auth)
+
+
+@pytest.fixture
+async def open_schema(env: dict[str, str], tmp_path: Path, clean: None) -> AsyncIterator[str]:
+    """Another toolgate, served, whose ``issue_refund`` takes arguments it does not declare
+    (its schema without ``additionalProperties: false``); yields its base URL."""
+    text = (ROOT / "catalog" / "demo.yaml").read_text()
+    refund = text.index("  issue_refund:")
+    opened = text[:refund] + text[refund:].replace("      additionalProperties: false\n", "", 1)
+    (tmp_path / "demo.yaml").write_text(opened)
+    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
+    async with application.router.lifespan_context(application), served(application) as url:
+        yield url
 
 
 async def screenshot(page: Page, name: str, tmp_path: Path) -> None:
@@ -185,6 +200,20 @@ async def test_invisible_and_bidi_characters_in_an_argument_are_shown_as_markers
     await expect(note).to_have_text("receipt to U+202Emoc.live@ecilaU+200B")
     await expect(note.locator(".invisible")).to_have_count(2)
     assert "\u202e" not in await page.locator("main").inner_text()
+
+
+async def test_an_argument_named_like_a_member_of_every_object_is_shown_as_sent(
+    page: Page, open_schema: str, auth: Auth, token: Token
+) -> None:
+    """Where the schema lets a model add arguments, one named ``constructor`` or ``toString``
+    reaches the provider like any other: the approver sees its value, not a blank."""
+    async with httpx.AsyncClient(base_url=open_schema) as client:
+        call_id = await pending_refund(Flow(client, auth), constructor="ord_2", toString="all")
+    await sign_in(page, open_schema, f"/console/calls/{call_id}", token(**BOB))
+    for name, value in (("constructor", "ord_2"), ("toString", "all")):
+        shown = page.locator(f'[data-argument="{name}"]')
+        await expect(shown.locator("code")).to_have_text(value)
+        await expect(shown.locator(".badge")).to_have_count(0)
 
 
 async def test_an_auditor_searches_the_trail_and_verifies_the_chain(

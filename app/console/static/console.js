@@ -315,8 +315,9 @@ function argumentsTable(proposal) {
   const args = proposal.arguments || {};
   const revealed = proposal.sensitive_arguments || {};
   const rows = Object.entries(args).map(([name, value]) => {
-    const sensitive = value === "[redacted]" || name in revealed;
-    const shown = name in revealed ? revealed[name] : value;
+    const unmasked = Object.hasOwn(revealed, name); // not "in": every object has a "constructor"
+    const sensitive = value === "[redacted]" || unmasked;
+    const shown = unmasked ? revealed[name] : value;
     return el(
       "tr",
       { "data-argument": name },
