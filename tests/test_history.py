@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from tests.flows import Flow, new_key, refund_args
@@ -59,3 +62,25 @@ async def test_only_the_actor_approvers_and_auditors_see_a_call(
         assert response.status_code == 200
     else:
         assert (response.status_code, response.json()["code"]) == (404, "not_found")
+
+
+async def test_a_call_of_a_tool_the_catalog_no_longer_holds_shows_no_argument_unmasked(
+    flow: Flow, app: Any
+) -> None:
+    """Which of its arguments were sensitive went with the tool: all are masked."""
+    proposal = await flow.propose("issue_refund", refund_args(note="customer is upset"))
+    state = app.state.toolgate
+    original = state.catalog
+    state.catalog = dataclasses.replace(
+        original, tools={name: t for name, t in original.tools.items() if name != "issue_refund"}
+    )
+    try:
+        response = await flow.client.get(
+            f"/calls/{proposal['call_id']}", headers=flow.auth(sub="audrey", roles="auditor")
+        )
+    finally:
+        state.catalog = original
+    assert response.status_code == 200, response.text
+    arguments = response.json()["proposal"]["arguments"]
+    assert arguments.keys() == proposal["arguments"].keys()
+    assert set(arguments.values()) == {"[redacted]"}

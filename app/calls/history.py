@@ -86,7 +86,9 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         executions = await store.executions_of(conn, call.id)
         events = await audit.of_call(conn, call.id)
     tool = state.catalog.tools.get(call.tool)
-    sensitive = tool.sensitive_args if tool else frozenset()
+    # Arguments are stored only once their tool validated them: a tool the catalog no
+    # longer holds took with it which of them were sensitive, so none is shown.
+    sensitive = tool.sensitive_args if tool else (call.arguments or {})
     latest = decided[-1] if decided else None
     proposal: dict[str, Any] = {
         "arguments": mask_arguments(call.arguments, sensitive),
