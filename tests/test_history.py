@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -84,3 +85,26 @@ async def test_a_call_of_a_tool_the_catalog_no_longer_holds_shows_no_argument_un
     arguments = response.json()["proposal"]["arguments"]
     assert arguments.keys() == proposal["arguments"].keys()
     assert set(arguments.values()) == {"[redacted]"}
+
+
+async def test_reading_a_history_holds_none_of_what_its_refused_requests_sent(
+    flow: Flow,
+) -> None:
+    """A refused request that names a call is audited under it with the arguments it sent
+    (up to a body's size each): the history shows none of them, and reading it must not
+    load them, or a few refused requests make every read of the call cost a worker
+    hundreds of megabytes."""
+    proposal = await flow.propose("get_order", {"order_id": "ord_1"})
+    bulk = {"order_id": "ord_1", "junk": [0] * 450_000}
+    for _ in range(2):
+        refused = await flow.post("/execute", {"call_id": proposal["call_id"], "arguments": bulk})
+        assert refused.json()["code"] == "invalid_arguments"
+    tracemalloc.start()
+    try:
+        response = await flow.client.get(f"/calls/{proposal['call_id']}", headers=flow.auth())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 200
+    assert [d["event"] for d in response.json()["decisions"]] == ["proposed", "denied", "denied"]
+    assert peak < len(refused.request.content)

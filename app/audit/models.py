@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
@@ -52,6 +52,25 @@ class AuditRow:
     prev_hash: str | None = None
     hash: str | None = None
     sealed_at: datetime | None = None
+
+
+class CallEvent(NamedTuple):
+    """An audit row as a call's history shows it (GET /calls/{id}): without its arguments,
+    which the history never shows, and which a refused request naming the call records as it
+    sent them, up to a body's size each."""
+
+    seq: int
+    at: datetime
+    event: str
+    decision: str | None
+    code: str | None
+    reason: str | None
+    policy_version: str | None
+    approval_id: str | None
+    authorized_by: dict[str, Any] | None
+    outcome: dict[str, Any] | None
+    total_ms: float | None
+    provider_ms: float | None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from app.audit.models import (
     Archived,
     AuditFilter,
     AuditRow,
+    CallEvent,
     Checkpoint,
     Gap,
     Seal,
@@ -104,10 +105,15 @@ def _row(record: Record) -> AuditRow:
     return AuditRow(*record)
 
 
-async def of_call(conn: Connection, call_id: str) -> list[AuditRow]:
-    """One call's audit rows, oldest first (GET /calls/{id})."""
-    sql = f"SELECT {_ROW} FROM audit_events e {_SEAL} WHERE e.call_id = $1 ORDER BY e.seq"
-    return [_row(r) for r in await conn.fetch(sql, call_id)]
+_OF_CALL = (
+    f"SELECT {', '.join(CallEvent._fields)} FROM audit_events WHERE call_id = $1 ORDER BY seq"
+)
+
+
+async def of_call(conn: Connection, call_id: str) -> list[CallEvent]:
+    """One call's audit rows as its history shows them, oldest first (GET /calls/{id}):
+    only the columns it shows, so that what refused requests sent is never read."""
+    return [CallEvent(*r) for r in await conn.fetch(_OF_CALL, call_id)]
 
 
 SLACK = "10 seconds"
