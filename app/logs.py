@@ -166,9 +166,20 @@ class QueuedStream(logging.Handler):
         super().close()
 
 
+CALLERS_TRACE_CONTEXT = (
+    "opentelemetry.baggage.propagation",
+    "opentelemetry.trace.propagation.tracecontext",
+    "opentelemetry.trace.span",  # the tracestate parser's
+)
+"""The loggers that warn about a caller's malformed ``traceparent``, ``tracestate`` or
+``baggage``: anyone can send those, before authentication, and one ``baggage`` header made
+thousands of warnings. The headers are ignored either way; only errors are logged."""
+
+
 def log_config(level: str = "INFO") -> dict[str, Any]:
     """``logging.config.dictConfig`` for uvicorn: JSON lines on stderr for every logger;
-    toolgate's and uvicorn's at ``level``, libraries' only from WARNING up."""
+    toolgate's and uvicorn's at ``level``, libraries' only from WARNING up, and
+    ``CALLERS_TRACE_CONTEXT`` only from ERROR up."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -178,5 +189,6 @@ def log_config(level: str = "INFO") -> dict[str, Any]:
         "loggers": {
             name: {"handlers": [], "level": level, "propagate": True}
             for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "toolgate")
-        },
+        }
+        | {name: {"level": "ERROR"} for name in CALLERS_TRACE_CONTEXT},
     }

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -35,6 +38,7 @@ from app import telemetry
 from app.logs import JsonFormatter, QueuedStream
 from app.telemetry import tracing
 from tests.conftest import Providers
+from tests.test_instances import Instance
 
 Auth = Callable[..., dict[str, str]]
 GET_ORDER = {"tool": "get_order", "arguments": {"order_id": "ord_1"}}
@@ -437,6 +441,42 @@ def test_queued_stream_writes_json_lines_from_its_own_thread() -> None:
     [line] = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert (line["message"], line["level"], line["logger"]) == ("hello x", "WARNING", "toolgate")
     assert line["time"].endswith("+00:00")
+
+
+HOSTILE_TRACE_HEADERS: list[dict[str, str]] = [
+    # Each member not ASCII: the baggage propagator warns once per member, ~2,700 per request.
+    {"baggage": "\x80," * 2700},
+    {"baggage": "k=" + "v" * 60_000},  # over its 8 KiB: warned with the whole header quoted
+    {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": "x" * 500},
+    {"traceparent": "0" * 600},
+]
+
+
+async def test_hostile_trace_headers_write_no_log_lines(
+    env: dict[str, str], auth: Auth, clean: None, tmp_path: Path
+) -> None:
+    """Trace headers are anyone's, before authentication: logging what is wrong with them
+    let one request write thousands of lines, pushing real ones out of the log queue."""
+    log = tmp_path / "stderr"
+    served = Instance(env, log=log)
+    try:
+        await served.ready()
+        started = log.read_bytes().count(b"\n")
+        async with httpx.AsyncClient(base_url=served.url) as client:
+            for headers in HOSTILE_TRACE_HEADERS:
+                sent = {k.encode(): v.encode("latin-1") for k, v in headers.items()}
+                assert (await client.get("/healthz", headers=sent)).status_code == 200
+            unknown = {"tool": "nope", "arguments": {}}
+            denied = await client.post("/propose", json=unknown, headers=auth())
+            assert denied.status_code == 404
+        deadline = time.monotonic() + 5
+        while b"unknown_tool" not in log.read_bytes() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # a line logged after the denial would be written by now
+        lines = [json.loads(line) for line in log.read_bytes().splitlines()[started:]]
+    finally:
+        served.stop()
+    assert [line["message"] for line in lines] == ["deny unknown: unknown_tool"]
 
 
 @given(st.floats(min_value=0, max_value=2**34, allow_nan=False))
