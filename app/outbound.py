@@ -11,10 +11,12 @@ user's call would otherwise ride along on the next user's call to that host.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -118,7 +120,7 @@ class Outbound:
         try:
             target = URL(url, encoded=True)
         except ValueError as exc:
-            raise NotSent(f"invalid URL: {exc}") from exc
+            raise NotSent(f"invalid URL: {_described(exc)}") from exc
         try:
             async with self._session.request(
                 method,
@@ -137,10 +139,10 @@ class Outbound:
                     raw = await _read(response, max_bytes)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             if method in RESENT:
-                raise Uncertain(f"{type(exc).__name__} (perhaps on resending): {exc}") from exc
-            raise NotSent(f"{type(exc).__name__}: {exc}") from exc
+                raise Uncertain(f"{_described(exc)} (perhaps on resending)") from exc
+            raise NotSent(_described(exc)) from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise Uncertain(f"{type(exc).__name__}: {exc}") from exc
+            raise Uncertain(_described(exc)) from exc
         return Response(status, _parsed(raw), (time.perf_counter() - started) * 1000)
 
 
@@ -190,6 +192,28 @@ async def _read(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
             raise TooLarge(f"the answer is longer than {max_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+_URLS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]*")
+
+
+def site(url: str) -> str:
+    """What a log or a message may tell of a URL: its scheme, host and port. The rest can be
+    a credential (userinfo, or a token in the path or query, as many receivers issue them)
+    or a call's arguments (filled into a provider's path or query)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "(a URL)"
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+def _described(exc: BaseException) -> str:
+    """The exception's class and message, every URL in it cut to its ``site``: aiohttp's
+    messages quote the URL they requested (a timeout, an answer it cannot parse)."""
+    return f"{type(exc).__name__}: {_URLS.sub(lambda url: site(url[0]), str(exc))}"
 
 
 @lru_cache(maxsize=64)

@@ -374,6 +374,34 @@ async def test_a_secret_in_a_notify_url_never_reaches_the_log(
     assert "t0ken-in-query" not in caplog.text
 
 
+async def test_a_secret_in_a_notify_url_stays_out_of_the_log_when_the_answer_is_malformed(
+    hook_env: dict[str, str], tmp_path: Path, auth: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The transport's error for an answer it cannot parse quotes the URL it requested:
+    what is logged of it names the receiver by its origin only."""
+    answered = 0
+
+    async def garbled(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nnot a header\r\n\r\n")
+        await writer.drain()
+        answered += 1
+        writer.close()
+
+    server = await asyncio.start_server(garbled, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    secret_url = f"http://hook:pa55-in-userinfo@127.0.0.1:{port}/t0ken-in-path?token=t0ken-in-query"
+    caplog.set_level("INFO", logger="toolgate")
+    env = {**hook_env, "TOOLGATE_CATALOG": catalog_with(tmp_path, secret_url)}
+    async with server, running_app(env) as client:
+        await run_ended(client, auth)
+        await until(lambda: answered >= 1 and "failed" in caplog.text)
+    assert f"http://127.0.0.1:{port}" in caplog.text
+    assert "pa55-in-userinfo" not in caplog.text
+    assert "t0ken-in" not in caplog.text
+
+
 async def test_an_instance_whose_catalog_does_not_name_a_url_yet_leaves_its_events_be(
     hook_env: dict[str, str],
     receiver: tuple[Receiver, str],

@@ -25,12 +25,11 @@ import asyncio
 import logging
 import random
 import time
-from urllib.parse import urlsplit
 
 import orjson
 
 from app.errors import Unavailable
-from app.outbound import NotSent, Uncertain
+from app.outbound import NotSent, Uncertain, site
 from app.state import AppState
 from app.webhooks import signing, store
 from app.webhooks.store import Delivery
@@ -103,7 +102,7 @@ async def _attempt(state: AppState, delivery: Delivery) -> None:
             "webhook %s dropped: the catalog no longer sends %s to %s",
             delivery.id,
             delivery.event,
-            _site(delivery.url),
+            site(delivery.url),
         )
         return
     body = orjson.dumps(delivery.payload)
@@ -125,16 +124,8 @@ async def _attempt(state: AppState, delivery: Delivery) -> None:
             await store.delivered(conn, delivery.id)
         else:
             await store.retry(conn, delivery.id, backoff(delivery.attempts), error)
-            log.info("webhook %s to %s failed: %s", delivery.id, _site(delivery.url), error)
-
-
-def _site(url: str) -> str:
-    """What a log may tell of a catalog URL: its scheme, host and port. The rest can be a
-    credential (userinfo, or a token in the path or query, as many receivers issue them);
-    the delivery's id leads to the whole URL in the outbox."""
-    parts = urlsplit(url)
-    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
-    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+            # The delivery's id leads to the whole URL in the outbox.
+            log.info("webhook %s to %s failed: %s", delivery.id, site(delivery.url), error)
 
 
 def backoff(attempts: int) -> float:
