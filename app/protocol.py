@@ -13,6 +13,11 @@ uvicorn times out idle connections between requests, but not one that sends a re
 byte at a time, so a few thousand slow clients could hold every file descriptor. The timer
 is armed only when a read ends with a request still arriving, so a request that comes in
 one read, the usual case, costs none.
+
+toolgate serves no WebSocket, so a request asking to upgrade to one is answered as the
+ordinary request it also is, under these limits: uvicorn's WebSocket protocol has neither
+(a handshake with a long path was never answered, its connection held for good), and it
+logged every attempt with its path.
 """
 
 from __future__ import annotations
@@ -82,6 +87,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self.arriving and not self.transport.is_closing():
             self.logger.info("Request not received within %.0f s; connection closed.", ARRIVAL_S)
             self.transport.close()
+
+    def _should_upgrade(self) -> bool:
+        return False
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """Not logged: anyone can ask for an upgrade, and the request is answered anyway."""
 
     def on_headers_complete(self) -> None:
         """The exact size is known now: the last read may also have held body bytes."""

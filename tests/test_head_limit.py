@@ -171,6 +171,50 @@ async def test_a_client_that_leaves_mid_body_is_no_server_error(
     assert errors == []
 
 
+WEBSOCKET_UPGRADE = (
+    b" HTTP/1.1\r\nhost: toolgate\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
+    b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+)
+
+
+def first_answer(sock: socket.socket) -> tuple[int, bytes]:
+    """Status and body of the first response on a connection that may stay open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(line[15:]) for line in lines if line.lower().startswith("content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(lines[0].split()[1]), body
+
+
+async def test_a_websocket_upgrade_is_answered_as_a_request_and_not_logged(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """toolgate serves no WebSocket. Handed to uvicorn's WebSocket protocol, an upgrade
+    escaped this protocol's limits (one with a 9 KB path was never answered, its connection
+    held open for good) and every attempt was logged, path and all, before authentication."""
+    log = tmp_path / "stderr"
+    served = Instance(env, log=log)
+    try:
+        await served.ready()
+        started = log.read_bytes().count(b"\n")
+        for path in (b"/x", b"/mcp", b"/" + b"a" * 9000):
+            with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+                sock.sendall(b"GET " + path + WEBSOCKET_UPGRADE)
+                status, body = first_answer(sock)
+            assert (status, orjson.loads(body)["code"]) == (
+                (405, "invalid_request") if path == b"/mcp" else (404, "not_found")
+            )
+        await asyncio.sleep(0.5)
+        lines = [orjson.loads(line) for line in log.read_bytes().splitlines()[started:]]
+        assert [line for line in lines if line["logger"].startswith("uvicorn")] == []
+    finally:
+        served.stop()
+
+
 async def test_a_request_must_arrive_whole_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """The protocol under a real uvicorn on a real socket, with a short ``ARRIVAL_S``: a
     head or a body sent too slowly is cut off, and a request in two reads in time is not."""
