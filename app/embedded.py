@@ -101,8 +101,13 @@ class EmbeddedPostgres:
                 f"TOOLGATE_DATA_DIR {self.data_dir} is too long a path for the embedded "
                 "store's Unix socket; choose a shorter one"
             )
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.owner = self._take_lock()
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.owner = self._take_lock()
+        except OSError as exc:  # a file there, or a directory this user may not write
+            raise ConfigError(
+                f"the embedded store cannot use {self.data_dir}: {exc.strerror}"
+            ) from None
         if not self.owner:
             self._wait_until_answering()
             return self.url()

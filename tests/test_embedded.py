@@ -271,3 +271,19 @@ async def test_demo_serves_a_newcomer_and_sigterm_stops_the_whole_tree(data_dir:
         assert await gone(child), "a child of the demo outlived it"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{providers}/_control/stats")
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file"])
+async def test_a_data_dir_that_cannot_be_a_directory_is_a_clear_error(
+    data_dir: Path, kind: str
+) -> None:
+    """A data dir that is a file (or lies under one, or in a directory the user may not
+    write) ended the command with a FileExistsError traceback, exit status 1."""
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    data_dir.write_text("mine")
+    where = data_dir if kind == "file" else data_dir / "store"
+    result = await migrate(newcomer_env(where))
+    assert result.returncode == 2, result.stderr
+    assert f"toolgate: the embedded store cannot use {where}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert data_dir.read_text() == "mine"
