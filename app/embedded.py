@@ -5,7 +5,8 @@ toolgate. Same SQL, same migrations as any other PostgreSQL.
 - **Where.** The cluster lives in ``<data dir>/postgres`` (``TOOLGATE_DATA_DIR``, default
   ``./.toolgate``); the server listens only on a Unix socket in that directory: no TCP port,
   so it never clashes with another PostgreSQL on 5432. Authentication is ``trust``: whoever
-  can reach the socket (the directory's permissions decide) is in. Deleting the data dir
+  can reach the socket (the directory's permissions decide) is in. The data dir is made
+  0700, and one that another user owns or may write is refused. Deleting the data dir
   while nothing runs resets everything.
 - **One owner.** The process that starts the server (``toolgate serve`` or ``demo``) holds an
   exclusive lock on ``<data dir>/owner.lock`` for as long as it runs and stops the server
@@ -102,7 +103,8 @@ class EmbeddedPostgres:
                 "store's Unix socket; choose a shorter one"
             )
         try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._check_private()
             self.owner = self._take_lock()
         except OSError as exc:  # a file there, or a directory this user may not write
             raise ConfigError(
@@ -169,6 +171,22 @@ class EmbeddedPostgres:
             except OSError:
                 return False
         return True
+
+    def _check_private(self) -> None:
+        """Refuse a data dir another user could write: they could put a cluster of their
+        own, its server answering on the socket, in place of ``postgres/``, and this process
+        would adopt it as its store."""
+        status = self.data_dir.stat()
+        if status.st_uid != os.geteuid():
+            problem = "owned by another user"
+        elif status.st_mode & 0o022:
+            problem = "writable by other users"
+        else:
+            return
+        raise ConfigError(
+            f"TOOLGATE_DATA_DIR {self.data_dir} is {problem}, who could replace the store "
+            "toolgate uses: choose a directory of your own, or chmod go-w it"
+        )
 
     def _take_lock(self) -> bool:
         lock = (self.data_dir / "owner.lock").open("ab")  # not inherited by child processes

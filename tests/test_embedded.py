@@ -287,3 +287,23 @@ async def test_a_data_dir_that_cannot_be_a_directory_is_a_clear_error(
     assert f"toolgate: the embedded store cannot use {where}" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert data_dir.read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["writable by others", "writable by the group", "another's"])
+async def test_a_data_dir_another_user_could_write_is_refused(data_dir: Path, kind: str) -> None:
+    """Whoever can write the data dir can swap ``postgres/`` for a cluster of their own with
+    their server on its socket: toolgate adopted that server as its store, and its owner
+    read every call and result, and wrote approvals. Such a directory is refused, untouched."""
+    data_dir.mkdir(parents=True)
+    if kind == "another's":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a directory to another user")
+        os.chown(data_dir, 65534, 65534)
+        data_dir.chmod(0o755)
+    else:
+        data_dir.chmod(0o777 if kind == "writable by others" else 0o770)
+    result = await migrate(newcomer_env(data_dir))
+    assert result.returncode == 2, result.stderr
+    assert f"toolgate: TOOLGATE_DATA_DIR {data_dir} is " in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert list(data_dir.iterdir()) == []
