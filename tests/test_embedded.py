@@ -4,6 +4,7 @@ processes with no database or Redis configured, stopped by signals and killed ou
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import shutil
 import signal
@@ -307,3 +308,20 @@ async def test_a_data_dir_another_user_could_write_is_refused(data_dir: Path, ki
     assert f"toolgate: TOOLGATE_DATA_DIR {data_dir} is " in result.stderr, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert list(data_dir.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the system user is made only as root")
+async def test_a_first_start_as_root_cannot_be_held_up_by_another_user(data_dir: Path) -> None:
+    """As root, a first start took a lock on a file of a fixed name in the system's temporary
+    directory, readable by all: any user could hold that lock (or plant the name as a
+    symlink to a file root would then create), and every first start as root hung."""
+    held = Path(tempfile.gettempdir()) / "toolgate-embedded-useradd.lock"
+    held.touch()
+    try:
+        with held.open("rb") as lock:  # what any user may do with a file they can read
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            result = await asyncio.wait_for(migrate(newcomer_env(data_dir)), 30)
+    finally:
+        held.unlink()
+    assert result.returncode == 0, result.stderr
+    assert "applied: 0001" in result.stdout
