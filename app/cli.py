@@ -124,9 +124,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     token = commands.add_parser(
         "token",
-        help="mint an HS256 token for local trials",
-        description="Mint an HS256 token signed with TOOLGATE_JWT_SECRET (with no key "
-        "configured at all: the demo's secret, said on stderr).",
+        help="mint a token for local trials",
+        description="Mint a token signed with TOOLGATE_JWT_SECRET: HS256, or the first of "
+        "TOOLGATE_JWT_ALGORITHMS when it leaves HS256 out (with no key configured at all: the "
+        "demo's secret, said on stderr).",
     )
     token.add_argument("--sub", required=True, help="the user (sub claim)")
     token.add_argument("--tenant", required=True, help="the tenant (tenant claim)")
@@ -224,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         _check_claims(args.sub, args.tenant, roles)
         from app.auth.tokens import mint
 
-        print(mint(_token_settings(settings), args.sub, args.tenant, roles, args.ttl))
+        settings = _token_settings(settings)
+        settings.check_keys()  # a token serve, given these keys, would never accept
+        print(mint(settings, args.sub, args.tenant, roles, args.ttl))
         return 0
     except ConfigError as exc:
         print(f"toolgate: {exc}", file=sys.stderr)

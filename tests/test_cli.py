@@ -21,8 +21,11 @@ import asyncpg
 import jwt
 import pytest
 
+from app.auth.tokens import TokenVerifier
 from app.db import migration_files
 from app.demo import DEMO_SECRET
+from app.outbound import Outbound
+from app.settings import Settings
 from tests.catalogs import BASE, write
 from tests.conftest import ROOT, SECRET, free_port, with_database
 
@@ -169,6 +172,41 @@ async def test_token_without_any_key_signs_with_the_demo_secret_and_says_so() ->
     assert "TOOLGATE_JWT_SECRET is not set; signed with the demo secret" in result.stderr
     claims = jwt.decode(result.stdout.strip(), DEMO_SECRET, algorithms=["HS256"])
     assert (claims["sub"], claims["tid"]) == ("a", "t")
+
+
+@pytest.mark.parametrize("algorithms", ["HS512", "HS384,HS512"])
+async def test_token_is_one_the_configured_server_accepts(algorithms: str) -> None:
+    """With TOOLGATE_JWT_ALGORITHMS naming HS384/HS512 only, token printed an HS256 token
+    that the server, given the same environment, answered with a bare 401."""
+    env = base_env(
+        TOOLGATE_JWT_SECRET=secrets.token_hex(32),  # as long as an HS512 key should be
+        TOOLGATE_JWT_ALGORITHMS=algorithms,
+        TOOLGATE_JWT_ISSUER="https://issuer.example",
+        TOOLGATE_TENANT_CLAIM="org",
+    )
+    result = await run("token", "--sub", "a", "--tenant", "t", "--roles", "x", env=env)
+    assert result.returncode == 0, result.stderr
+    verifier = TokenVerifier(Settings.from_env(env), Outbound())
+    principal = await verifier.verify(result.stdout.strip())
+    assert (principal.sub, principal.tenant, principal.roles) == ("a", "t", frozenset({"x"}))
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"TOOLGATE_JWT_SECRET": "too-short"},
+        {"TOOLGATE_JWT_SECRET": SECRET, "TOOLGATE_JWT_ALGORITHMS": "HS999"},
+        {"TOOLGATE_JWT_SECRET": SECRET, "TOOLGATE_JWKS_URL": "https://issuer.example/jwks"},
+    ],
+)
+async def test_token_refuses_a_key_configuration_serve_refuses(variables: dict[str, str]) -> None:
+    """These printed a token (or a NotImplementedError traceback) that no server started
+    with the same environment could ever accept: serve refuses to start on them."""
+    result = await run("token", "--sub", "a", "--tenant", "t", env=base_env(**variables))
+    assert result.returncode == 2, result.stdout
+    assert result.stdout == ""
+    assert result.stderr.startswith("toolgate: "), result.stderr
+    assert "Traceback" not in result.stderr
 
 
 async def test_token_with_only_a_public_key_configured_fails_clearly(tmp_path: Path) -> None:

@@ -233,7 +233,8 @@ def identifier(claim: Any) -> TypeGuard[str]:
 
 
 def mint(settings: Settings, sub: str, tenant: str, roles: list[str], ttl_s: int) -> str:
-    """An HS256 token signed with the configured secret, for local trials (``toolgate token``)."""
+    """A token signed with the configured secret, for local trials (``toolgate token``):
+    HS256, or the first allowed algorithm when the allow-list leaves HS256 out."""
     if not settings.jwt_secret:
         raise ConfigError("toolgate token needs TOOLGATE_JWT_SECRET")
     now = int(time.time())
@@ -248,4 +249,6 @@ def mint(settings: Settings, sub: str, tenant: str, roles: list[str], ttl_s: int
         claims["iss"] = settings.jwt_issuer
     if settings.jwt_audience:
         claims["aud"] = settings.jwt_audience
-    return jwt.encode(claims, settings.jwt_secret, algorithm="HS256")
+    allowed = settings.jwt_algorithms
+    algorithm = "HS256" if "HS256" in allowed else allowed[0]
+    return jwt.encode(claims, settings.jwt_secret, algorithm=algorithm)
