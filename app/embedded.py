@@ -84,7 +84,10 @@ class EmbeddedPostgres:
     _lock: IO[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.data_dir = self.data_dir.expanduser().resolve()
+        try:
+            self.data_dir = self.data_dir.expanduser().resolve()
+        except RuntimeError as exc:  # ``~nosuchuser``, a symlink loop
+            raise ConfigError(f"TOOLGATE_DATA_DIR {self.data_dir}: {exc}") from None
 
     @property
     def pgdata(self) -> Path:

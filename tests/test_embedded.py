@@ -325,3 +325,21 @@ async def test_a_first_start_as_root_cannot_be_held_up_by_another_user(data_dir:
         held.unlink()
     assert result.returncode == 0, result.stderr
     assert "applied: 0001" in result.stdout
+
+
+@pytest.mark.parametrize("kind", ["an unknown user's home", "a symlink loop"])
+async def test_a_data_dir_path_that_cannot_be_resolved_is_a_clear_error(
+    data_dir: Path, kind: str
+) -> None:
+    """``~nosuchuser/…`` and a symlink loop made pathlib raise RuntimeError: a traceback and
+    exit status 1 instead of a message."""
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "a symlink loop":
+        data_dir.symlink_to(data_dir)
+        where = str(data_dir)
+    else:
+        where = "~toolgate-no-such-user/data"
+    result = await migrate(newcomer_env(Path(where)))
+    assert result.returncode == 2, result.stderr
+    assert f"toolgate: TOOLGATE_DATA_DIR {where}: " in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
