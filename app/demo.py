@@ -40,9 +40,12 @@ def prepare(env: MutableMapping[str, str]) -> tuple[str, int]:
     env["TOOLGATE_CATALOG"] = str(CATALOG)
     if not env.get("TOOLGATE_JWT_SECRET", "").strip():
         env["TOOLGATE_JWT_SECRET"] = DEMO_SECRET
-    env.setdefault("DEMO_PROVIDERS_URL", PROVIDERS_URL)
-    parts = urlsplit(env["DEMO_PROVIDERS_URL"])
-    return parts.hostname or "127.0.0.1", parts.port or 80
+    url = env.setdefault("DEMO_PROVIDERS_URL", PROVIDERS_URL)
+    try:
+        parts = urlsplit(url)
+        return parts.hostname or "127.0.0.1", parts.port or 80
+    except ValueError as exc:  # a port that is no number or out of range, an unclosed [
+        raise ConfigError(f"DEMO_PROVIDERS_URL {url!r} is not a URL to listen on: {exc}") from None
 
 
 def check_reach(host: str, env: Mapping[str, str]) -> None:

@@ -243,6 +243,19 @@ async def test_demo_refuses_the_published_secret_beyond_this_machine(
     assert not listening(providers)
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc", "http://[::1", "http://127.0.0.1:99999"])
+async def test_demo_refuses_a_malformed_providers_url_clearly(database_url: str, url: str) -> None:
+    """A DEMO_PROVIDERS_URL whose port or host urllib cannot read ended the demo with a
+    ValueError traceback (exit status 1)."""
+    port = free_port()
+    env = base_env(TOOLGATE_DATABASE_URL=database_url, DEMO_PROVIDERS_URL=url)
+    result = await run("demo", "--port", str(port), env=env, timeout=20)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("toolgate: DEMO_PROVIDERS_URL"), result.stderr
+    assert "Traceback" not in result.stderr
+    assert not listening(port)
+
+
 # --- serve refuses to start -------------------------------------------------------------------
 
 
