@@ -111,6 +111,23 @@ async def test_check_of_a_missing_path_fails(tmp_path: Path) -> None:
     assert "nope.yaml" in result.stdout + result.stderr
 
 
+async def test_a_catalog_path_that_cannot_be_looked_at_is_a_problem_not_a_traceback(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A path the system refuses to look up (a name over 255 bytes; for another user, a
+    directory without search permission) raised OSError out of the loader: check and serve
+    ended with a traceback instead of the problem."""
+    path = tmp_path / ("c" * 300)
+    result = await run("check", str(path), env=base_env())
+    assert result.returncode == 1, result.stderr
+    assert f"{path}: unreadable: File name too long" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    env = base_env(
+        TOOLGATE_DATABASE_URL=database_url, TOOLGATE_JWT_SECRET=SECRET, TOOLGATE_CATALOG=str(path)
+    )
+    await refuses_to_serve(env, "invalid catalog", "File name too long")
+
+
 # --- token ------------------------------------------------------------------------------------
 
 

@@ -56,15 +56,18 @@ class Source:
 
 def read(location: Path) -> Source:
     source = Source()
-    if location.is_dir():
-        files = sorted(location.glob("*.yaml"))
-        if not files:
-            source.problems.append(Problem(str(location), None, (), "no *.yaml files"))
-    elif location.is_file():
-        files = [location]
-    else:
-        source.problems.append(Problem(str(location), None, (), "no such file or directory"))
-        files = []
+    files: list[Path] = []
+    try:  # is_dir and is_file raise for a name too long, or a directory we may not search
+        if location.is_dir():
+            files = sorted(location.glob("*.yaml"))
+            if not files:
+                source.problems.append(Problem(str(location), None, (), "no *.yaml files"))
+        elif location.is_file():
+            files = [location]
+        else:
+            source.problems.append(Problem(str(location), None, (), "no such file or directory"))
+    except OSError as exc:
+        source.problems.append(Problem(str(location), None, (), f"unreadable: {exc.strerror}"))
     for file in files:
         _merge(source, file)
     return source
