@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 
 from jwt.algorithms import get_default_algorithms
 
-MIN_SECRET_BYTES = 32
+MIN_SECRET_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
+"""A shared secret at least as long as its algorithm's hash (RFC 7518, section 3.2)."""
 MAX_DAYS = 36500
 """A hundred years of retention: ``now`` minus it stays a date Python can hold."""
 MAX_TTL_S = 10 * 365 * 86400
@@ -147,10 +148,14 @@ class Settings:
             raise ConfigError(f"TOOLGATE_JWT_ALGORITHMS: unknown algorithm {', '.join(unknown)}")
         hmac = {a for a in self.jwt_algorithms if a.startswith("HS")}
         if self.jwt_secret is not None:
-            if len(self.jwt_secret.encode()) < MIN_SECRET_BYTES:
-                raise ConfigError(f"TOOLGATE_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes")
             if hmac != set(self.jwt_algorithms):
                 raise ConfigError("a shared secret only verifies HS* algorithms")
+            least = max(MIN_SECRET_BYTES[a] for a in hmac)
+            if len(self.jwt_secret.encode()) < least:
+                raise ConfigError(
+                    f"TOOLGATE_JWT_SECRET must be at least {least} bytes (for "
+                    f"{', '.join(sorted(hmac))})"
+                )
         elif hmac:
             raise ConfigError("HS* algorithms need TOOLGATE_JWT_SECRET, not a public key")
         if self.jwt_public_key_file is not None and not self.jwt_public_key_file.is_file():

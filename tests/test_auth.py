@@ -295,6 +295,22 @@ def test_a_public_key_cannot_be_combined_with_hmac_algorithms(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
+    ("algorithms", "least"), [("HS256", 32), ("HS384", 48), ("HS256,HS512", 64)]
+)
+def test_a_secret_shorter_than_its_algorithms_hash_is_refused_at_start(
+    algorithms: str, least: int
+) -> None:
+    """RFC 7518 wants an HMAC key at least as long as the hash: a 32-byte secret does not
+    make HS512 any stronger than HS256, and PyJWT warns on every such token."""
+    env = {"TOOLGATE_JWT_ALGORITHMS": algorithms}
+    with pytest.raises(ConfigError, match=f"at least {least} bytes"):
+        TokenVerifier(
+            Settings.from_env(env | {"TOOLGATE_JWT_SECRET": "s" * (least - 1)}), Outbound()
+        )
+    TokenVerifier(Settings.from_env(env | {"TOOLGATE_JWT_SECRET": "s" * least}), Outbound())
+
+
+@pytest.mark.parametrize(
     ("curve", "algorithms"),
     [(None, "ES256,EdDSA"), (ec.SECP384R1(), None), (ec.SECP256R1(), "ES384")],
 )
