@@ -15,6 +15,7 @@ import asyncpg
 import httpx
 import pytest
 from aiohttp import web
+from mcp_types.version import LATEST_MODERN_VERSION
 
 from app.runs import service as runs_service
 from app.runs import store as runs_store
@@ -421,3 +422,41 @@ async def test_a_result_replayed_into_another_run_is_remembered_by_that_run(
         {"argument": "recipient", "source_call_id": saved.json()["call_id"]}
     ]
     assert payments == []
+
+
+async def test_an_mcp_form_asking_the_owner_to_approve_names_the_tainted_argument_and_source(
+    bank: Flow, providers: Providers
+) -> None:
+    """An agent steered by an injected note asks its own user to approve the transfer: the
+    form must say which argument came from what the run read, as the console does."""
+    run_id = await start_run(bank)
+    read = await read_transactions(bank, run_id)
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "send_money",
+            "arguments": transfer(ATTACKER_IBAN),
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": LATEST_MODERN_VERSION,
+                "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+                "run_id": run_id,
+            },
+        },
+    }
+    headers = {
+        **bank.auth(),
+        "MCP-Protocol-Version": LATEST_MODERN_VERSION,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "send_money",
+        "Accept": "application/json, text/event-stream",
+    }
+    answer = await bank.client.post("/mcp", json=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    [asked] = answer.json()["result"]["inputRequests"].values()
+    assert "requestedSchema" in asked["params"]  # the owner's own form
+    message = asked["params"]["message"]
+    assert "untrusted" in message
+    assert f"recipient (from {read['call_id']})" in message, message
+    assert await bank_requests(providers) == [f"{TRANSFERS}/preview"]

@@ -247,6 +247,11 @@ async def _approval(state: AppState, ask: Ask, call_id: str, key: str) -> Outcom
         f"toolgate: {found['tool']} needs an approval before it runs.",
         f"Arguments: {json.dumps(arguments, sort_keys=True)}",
     ]
+    if found["proposal"]["taint"]:  # what the console shows approvers: where they came from
+        sources = ", ".join(
+            f"{t['argument']} (from {t['source_call_id']})" for t in found["proposal"]["taint"]
+        )
+        lines.append(f"Copied from untrusted results the run read: {sources}")
     if latest is not None:
         lines.append(f"Preview: {json.dumps(latest['snapshot'], sort_keys=True)}")
     lines.append(
