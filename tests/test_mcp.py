@@ -314,7 +314,12 @@ async def post_call(
         "Accept": "application/json, text/event-stream",
     }
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        answer = await http.post("/mcp", json=body, headers=headers)
+        # As JSON escapes it: the text may hold what UTF-8 cannot (a lone surrogate).
+        answer = await http.post(
+            "/mcp",
+            content=json.dumps(body),
+            headers={**headers, "Content-Type": "application/json"},
+        )
     assert answer.status_code == 200, answer.text
     return answer.json()["result"]  # type: ignore[no-any-return]
 
@@ -381,21 +386,31 @@ async def test_a_call_approved_outside_a_run_is_not_run_on_the_runs_account(
     assert await effects(providers, REFUNDS) == 0
 
 
-@pytest.mark.parametrize("malformed", [12345, ["run"], {"id": "run"}])
-async def test_a_run_id_that_is_not_a_string_is_refused_not_ignored(
+@pytest.mark.parametrize("malformed", [12345, ["run"], {"id": "run"}, "run_\x00x", "run_\ud800"])
+@pytest.mark.parametrize(
+    ("tool", "args", "path"),
+    [
+        ("create_ticket", {"subject": "s", "body": "b"}, TICKETS),
+        ("issue_refund", refund_args(150.0), REFUNDS),  # looked up as a standing call first
+    ],
+)
+async def test_a_run_id_that_is_not_a_storable_string_is_refused_not_ignored(
     servers: list[Instance],
     auth: Auth,
     providers: Providers,
     db: asyncpg.Connection,
     malformed: Any,
+    tool: str,
+    args: dict[str, Any],
+    path: str,
 ) -> None:
-    """Taken as no run, the call would run outside the limits its client asked for."""
-    args = {"subject": "s", "body": "b"}
-    result = await post_call(servers[0], auth, 6, "create_ticket", args, meta={"run_id": malformed})
+    """Taken as no run, the call would run outside the limits its client asked for; text
+    PostgreSQL cannot hold (NUL, a lone surrogate) names no run either."""
+    result = await post_call(servers[0], auth, 6, tool, args, meta={"run_id": malformed})
     assert result["isError"] is True, result
     assert result["structuredContent"]["code"] == "invalid_request"
     assert await db.fetchval("SELECT count(*) FROM calls") == 0
-    assert await effects(providers, TICKETS) == 0
+    assert await effects(providers, path) == 0
 
 
 async def test_a_stale_approval_is_previewed_again_and_put_back_to_the_approvers(
