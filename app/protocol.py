@@ -6,7 +6,9 @@ arrives in pieces is copied whole for every piece, before the app (and so authen
 sees anything: one client could make a worker hold and copy many megabytes. Here the head
 (request line and headers) may be at most ``MAX_HEAD_BYTES``; a longer one is answered 431
 as a problem (``invalid_request``) and the connection closed, after reading at most that
-much plus one network read. Bodies are limited in the app (``main.RequestLimits``).
+much plus one network read. Bodies are limited in the app (``main.RequestLimits``). What
+the parser cannot read at all is answered 400 as a problem too (``invalid_request``), where
+uvicorn answers plain text.
 
 A request must also arrive whole, head and body, within ``ARRIVAL_S`` of its first byte:
 uvicorn times out idle connections between requests, but not one that sends a request a
@@ -28,7 +30,7 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from app.errors import HeadersTooLarge
+from app.errors import HeadersTooLarge, InvalidRequest, ToolgateError
 
 MAX_HEAD_BYTES = 64 * 1024
 LINGER_S = 1.0
@@ -104,17 +106,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
+        """What the parser refuses (uvicorn's own answer is plain text): a problem too."""
         if self.head_bytes > MAX_HEAD_BYTES:
             self.refuse_head()
-        else:
-            super().send_400_response(msg)
+        else:  # uvicorn has logged ``msg``
+            self.refuse(InvalidRequest("the request is not valid HTTP/1.1"))
 
     def refuse_head(self) -> None:
-        if self.refused or self.transport.is_closing():
-            return
-        self.refused = True
-        self.logger.warning("Request head over %d bytes refused.", MAX_HEAD_BYTES)
         error = HeadersTooLarge(f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+        if self.refuse(error):
+            self.logger.warning("Request head over %d bytes refused.", MAX_HEAD_BYTES)
+
+    def refuse(self, error: ToolgateError) -> bool:
+        """Answer ``error`` as a problem and close the connection, unless that is done
+        already; whether it was answered now."""
+        if self.refused or self.transport.is_closing():
+            return False
+        self.refused = True
         body = orjson.dumps(error.problem())
         head = [STATUS_LINE[error.status]]
         for name, value in self.server_state.default_headers:
@@ -134,3 +142,4 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write_eof()
         self.transport.pause_reading()
         self.loop.call_later(LINGER_S, self.transport.close)
+        return True

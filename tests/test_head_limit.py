@@ -266,3 +266,26 @@ async def test_a_request_must_arrive_whole_in_time(monkeypatch: pytest.MonkeyPat
     assert gone == [b"12345"]  # the app reading the body saw the client gone
     assert whole.startswith(b"HTTP/1.1 200")
     assert b"\r\n1234567890\r\n" in whole
+
+
+NOT_HTTP = {
+    "length-not-a-number": b"POST /propose HTTP/1.1\r\ncontent-length: abc\r\n\r\n{}",
+    "two-lengths": b"POST /propose HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+    "bad-chunk-size": b"POST /propose HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}",
+    "nul-in-header": b"POST /execute HTTP/1.1\r\nidempotency-key: a\x00b\r\n\r\n",
+    "bad-method": b"P@ST /propose HTTP/1.1\r\n\r\n",
+    "non-ascii-path": b"GET /\xff HTTP/1.1\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("request_bytes", NOT_HTTP.values(), ids=NOT_HTTP.keys())
+async def test_a_request_that_is_not_http_is_answered_with_a_problem(
+    served: Instance, request_bytes: bytes
+) -> None:
+    """What the HTTP server cannot parse was answered in plain text."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(request_bytes)
+        status, headers, body = answer(sock)
+    assert status == 400
+    assert headers["content-type"] == "application/problem+json"
+    assert orjson.loads(body)["code"] == "invalid_request"
