@@ -52,6 +52,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.arriving = False
         """A request has begun and its last byte has not come yet."""
         self.arrival: asyncio.TimerHandle | None = None
+        self.trailing = False
+        """The last chunk header began what has come since: trailer fields, unless data."""
 
     def data_received(self, data: bytes) -> None:
         if self.reading_head:
@@ -67,6 +69,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.reading_head = True
         self.head_bytes = 0
         self.arriving = True
+        self.trailing = False
+
+    def on_chunk_header(self) -> None:
+        """A chunk's data follows, or, after the last chunk, the trailer fields."""
+        self.trailing = True
+
+    def on_body(self, body: bytes) -> None:
+        self.trailing = False
+        super().on_body(body)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """A trailer field is never taken for a header (RFC 9110 §6.5.1): uvicorn added it to
+        the request's headers, where a proxy in front that checked the head never saw it."""
+        if not self.trailing:
+            super().on_header(name, value)
 
     def on_message_complete(self) -> None:
         self.arrived()

@@ -289,3 +289,31 @@ async def test_a_request_that_is_not_http_is_answered_with_a_problem(
     assert status == 400
     assert headers["content-type"] == "application/problem+json"
     assert orjson.loads(body)["code"] == "invalid_request"
+
+
+def chunked_propose(token: bytes | None, trailer: bytes) -> bytes:
+    body = orjson.dumps({"tool": "create_ticket", "arguments": {"subject": "s", "body": "b"}})
+    return (
+        b"POST /propose HTTP/1.1\r\nhost: toolgate\r\nconnection: close\r\n"
+        b"content-type: application/json\r\ntransfer-encoding: chunked\r\n"
+        + (b"authorization: " + token + b"\r\n" if token is not None else b"")
+        + b"\r\n%x\r\n" % len(body)
+        + body
+        + b"\r\n0\r\n"
+        + trailer
+    )
+
+
+async def test_a_trailer_field_is_not_taken_for_a_header(served: Instance, auth: Auth) -> None:
+    """A proxy in front checks the head; a token, or a second one, sent after the body
+    must not be the one toolgate acts on."""
+    token = auth()["Authorization"].encode()
+    answers = []
+    for head_token, trailer in ((None, token), (token, auth(sub="bob")["Authorization"].encode())):
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+            sock.sendall(chunked_propose(head_token, b"authorization: " + trailer + b"\r\n\r\n"))
+            answers.append(answer(sock))
+    (status, _, body), (second, _, proposal) = answers
+    assert (status, orjson.loads(body)["code"]) == (401, "unauthenticated")
+    assert second == 200, proposal
+    assert orjson.loads(proposal)["authorized_by"]["sub"] == "alice"
