@@ -6,7 +6,9 @@ arrives in pieces is copied whole for every piece, before the app (and so authen
 sees anything: one client could make a worker hold and copy many megabytes. Here the head
 (request line and headers) may be at most ``MAX_HEAD_BYTES``; a longer one is answered 431
 as a problem (``invalid_request``) and the connection closed, after reading at most that
-much plus one network read. Bodies are limited in the app (``main.RequestLimits``). What
+much plus one network read. The trailer fields after a chunked body are held by the parser
+as the head's are: they are ignored, and limited the same way. Bodies are limited in the
+app (``main.RequestLimits``). What
 the parser cannot read at all is answered 400 as a problem too (``invalid_request``), where
 uvicorn answers plain text.
 
@@ -56,10 +58,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """The last chunk header began what has come since: trailer fields, unless data."""
 
     def data_received(self, data: bytes) -> None:
-        if self.reading_head:
+        if self.reading_head or self.trailing:
             self.head_bytes += len(data)
         super().data_received(data)
-        if self.reading_head and self.head_bytes > MAX_HEAD_BYTES:
+        if (self.reading_head or self.trailing) and self.head_bytes > MAX_HEAD_BYTES:
             self.refuse_head()
         if self.arriving and self.arrival is None:
             self.arrival = self.loop.call_later(ARRIVAL_S, self.too_slow)
@@ -72,11 +74,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.trailing = False
 
     def on_chunk_header(self) -> None:
-        """A chunk's data follows, or, after the last chunk, the trailer fields."""
+        """A chunk's data follows, or, after the last chunk, the trailer fields: they are
+        counted from here, against the same limit as the head."""
         self.trailing = True
+        self.head_bytes = 0
 
     def on_body(self, body: bytes) -> None:
         self.trailing = False
+        self.head_bytes = 0
         super().on_body(body)
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -130,7 +135,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.refuse(InvalidRequest("the request is not valid HTTP/1.1"))
 
     def refuse_head(self) -> None:
-        error = HeadersTooLarge(f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+        error = HeadersTooLarge(
+            f"the request line and headers, or the trailers, exceed {MAX_HEAD_BYTES} bytes"
+        )
         if self.refuse(error):
             self.logger.warning("Request head over %d bytes refused.", MAX_HEAD_BYTES)
 

@@ -4,6 +4,7 @@ its memory does not grow with what a client sends."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import select
 import socket
 import time
@@ -317,3 +318,48 @@ async def test_a_trailer_field_is_not_taken_for_a_header(served: Instance, auth:
     assert (status, orjson.loads(body)["code"]) == (401, "unauthenticated")
     assert second == 200, proposal
     assert orjson.loads(proposal)["authorized_by"]["sub"] == "alice"
+
+
+@pytest.mark.parametrize(
+    ("start", "piece"),
+    [(b"x-big: ", b"a" * 65536), (b"", b"x-t: %s\r\n" % (b"a" * 1000) * 64)],
+    ids=["one-long-field", "many-fields"],
+)
+async def test_trailer_fields_are_limited_as_the_head_is(
+    served: Instance, auth: Auth, start: bytes, piece: bytes
+) -> None:
+    """Trailers after a chunked body were kept without bound: a client could make a worker
+    hold hundreds of megabytes in a second."""
+    before = rss_kib(served.process.pid)
+    token = auth()["Authorization"].encode()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(chunked_propose(token, start))
+        sent = 0
+        while sent < 64 * 1024 * 1024 and not select.select([sock], [], [], 0.05)[0]:
+            sock.sendall(piece)
+            sent += len(piece)
+        assert_refused(*answer(sock))
+    assert sent <= 4 * len(piece), "the server kept reading the trailers"
+    assert rss_kib(served.process.pid) - before < 4 * 1024
+
+
+async def test_a_large_body_in_chunks_of_odd_sizes_is_served(served: Instance, auth: Auth) -> None:
+    """The trailer limit counts from the last chunk only: a body of many chunks, some far
+    over the head limit, some of one byte, with extensions, is read whole."""
+    body = orjson.dumps({"tool": "create_ticket", "arguments": {"subject": "s" * 900_000}})
+    sizes = itertools.cycle((1, 7, 70_001, 3, 4093, 200_000))
+    chunks, at = [], 0
+    while at < len(body):
+        size = min(next(sizes), len(body) - at)
+        chunks.append(b"%x;ext=%d\r\n%s\r\n" % (size, at, body[at : at + size]))
+        at += size
+    token = auth()["Authorization"].encode()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /propose HTTP/1.1\r\nhost: toolgate\r\nconnection: close\r\n"
+            b"content-type: application/json\r\ntransfer-encoding: chunked\r\n"
+            b"authorization: " + token + b"\r\n\r\n" + b"".join(chunks) + b"0\r\nx-t: 1\r\n\r\n"
+        )
+        status, _, answered = answer(sock)
+    assert status == 422, answered
+    assert orjson.loads(answered)["code"] == "invalid_arguments"
