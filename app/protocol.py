@@ -8,9 +8,8 @@ sees anything: one client could make a worker hold and copy many megabytes. Here
 as a problem (``invalid_request``) and the connection closed, after reading at most that
 much plus one network read. The trailer fields after a chunked body are held by the parser
 as the head's are: they are ignored, and limited the same way. Bodies are limited in the
-app (``main.RequestLimits``). What
-the parser cannot read at all is answered 400 as a problem too (``invalid_request``), where
-uvicorn answers plain text.
+app (``main.RequestLimits``). What the parser cannot read at all is answered 400 as a
+problem too (``invalid_request``), where uvicorn answers plain text.
 
 A request must also arrive whole, head and body, within ``ARRIVAL_S`` of its first byte:
 uvicorn times out idle connections between requests, but not one that sends a request a
