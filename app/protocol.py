@@ -83,12 +83,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.head_bytes = 0
         super().on_body(body)
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        """A trailer field is never taken for a header (RFC 9110 §6.5.1): uvicorn added it to
-        the request's headers, where a proxy in front that checked the head never saw it."""
-        if not self.trailing:
-            super().on_header(name, value)
-
     def on_message_complete(self) -> None:
         self.arrived()
         super().on_message_complete()
@@ -125,6 +119,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.head_bytes = size
             raise _HeadTooLarge
         super().on_headers_complete()
+        # A trailer field is never taken for a header (RFC 9110 §6.5.1): uvicorn appends
+        # what the parser reports to the list the request's scope holds, so a token sent
+        # after the body, which a proxy in front that checked the head never saw, counted.
+        # Trailers land in a list nobody reads instead (no cost per header).
+        self.headers = []
 
     def send_400_response(self, msg: str) -> None:
         """What the parser refuses (uvicorn's own answer is plain text): a problem too."""
