@@ -20,7 +20,8 @@ one read, the usual case, costs none.
 toolgate serves no WebSocket, so a request asking to upgrade to one is answered as the
 ordinary request it also is, under these limits: uvicorn's WebSocket protocol has neither
 (a handshake with a long path was never answered, its connection held for good), and it
-logged every attempt with its path.
+logged every attempt with its path. The connection then closes: nothing sent after a request
+asking for any upgrade (h2c too) is read as a request.
 """
 
 from __future__ import annotations
@@ -109,7 +110,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         return False
 
     def _unsupported_upgrade_warning(self) -> None:
-        """Not logged: anyone can ask for an upgrade, and the request is answered anyway."""
+        """Not logged: anyone can ask for an upgrade, and the request is answered anyway.
+        httptools stops reading at its head and would parse what follows (its body, say) as
+        new requests, which a proxy holds to be part of this one: the connection ends once
+        this request is answered."""
+        self.cycle.keep_alive = False
 
     def on_headers_complete(self) -> None:
         """The exact size is known now: the last read may also have held body bytes."""

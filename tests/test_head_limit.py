@@ -4,6 +4,7 @@ its memory does not grow with what a client sends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import select
 import socket
@@ -363,3 +364,53 @@ async def test_a_large_body_in_chunks_of_odd_sizes_is_served(served: Instance, a
         status, _, answered = answer(sock)
     assert status == 422, answered
     assert orjson.loads(answered)["code"] == "invalid_arguments"
+
+
+async def test_what_follows_an_upgrade_request_is_never_run_as_a_request() -> None:
+    """httptools stops at the head of a request asking for an upgrade and parses what comes
+    after it as new requests: a body sent after the head (a proxy's next write) ran as a
+    request of its own, which a proxy sharing the connection would pair with the answer of
+    someone else's request. The connection now ends once the upgrade request is answered."""
+    paths: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        paths.append(scope["path"])
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    config = uvicorn.Config(
+        app, port=port, http=protocol.LimitedHttpToolsProtocol, lifespan="off", log_level="error"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    smuggled = b"GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n"
+    answers = []
+    try:
+        for upgrade in (b"websocket", b"h2c"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /upgrade HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: "
+                + upgrade
+                + b"\r\ncontent-length: %d\r\n\r\n" % len(smuggled)
+            )
+            await asyncio.sleep(0.2)
+            writer.write(smuggled)
+            answer = b""
+            with contextlib.suppress(TimeoutError):  # kept open: read what came in a second
+                while chunk := await asyncio.wait_for(reader.read(65536), 1):
+                    answer += chunk
+            answers.append((answer, reader.at_eof()))
+            writer.close()
+    finally:
+        server.should_exit = True
+        await serving
+    assert paths == ["/upgrade", "/upgrade"]
+    for answer, closed in answers:
+        assert answer.count(b"HTTP/1.1") == 1
+        assert b"connection: close\r\n" in answer
+        assert closed
