@@ -36,10 +36,12 @@ USERS = (  # (variable, sub, tenant, roles): the demo providers' users, and an a
 
 def prepare(env: MutableMapping[str, str]) -> tuple[str, int]:
     """Set the demo's defaults in ``env`` (the catalog always, the secret and the providers'
-    URL unless given); the providers' host and port."""
+    URL unless given); the providers' host and port. ``DEMO_SECRET`` is an HS256 key, as
+    ``toolgate token`` signs with it: too short for HS384/HS512, and no key for others."""
     env["TOOLGATE_CATALOG"] = str(CATALOG)
     if not env.get("TOOLGATE_JWT_SECRET", "").strip():
         env["TOOLGATE_JWT_SECRET"] = DEMO_SECRET
+        env["TOOLGATE_JWT_ALGORITHMS"] = "HS256"
     url = env.setdefault("DEMO_PROVIDERS_URL", PROVIDERS_URL)
     try:
         parts = urlsplit(url)

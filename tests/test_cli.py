@@ -21,6 +21,7 @@ import asyncpg
 import jwt
 import pytest
 
+from app import demo
 from app.auth.tokens import TokenVerifier
 from app.db import migration_files
 from app.demo import DEMO_SECRET
@@ -463,3 +464,18 @@ async def test_migrate_applies_every_migration_and_is_idempotent(empty_database:
         assert await conn.fetchval("SELECT to_regclass('calls') IS NOT NULL")
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("algorithms", ["HS384", "HS512", "RS256"])
+async def test_the_demo_accepts_what_token_mints_with_the_demo_secret(algorithms: str) -> None:
+    """Both fall back to the published demo secret when no key is configured, and token signs
+    with it in HS256: the demo kept TOOLGATE_JWT_ALGORITHMS, so it refused to start (the
+    secret too short for HS384/HS512, or no key for RS256) where it ran before."""
+    env = base_env(TOOLGATE_JWT_ALGORITHMS=algorithms)
+    result = await run("token", "--sub", "a", "--tenant", "t", env=env)
+    assert result.returncode == 0, result.stderr
+    demo.prepare(env)
+    settings = Settings.from_env(env)
+    settings.check_keys()
+    principal = await TokenVerifier(settings, Outbound()).verify(result.stdout.strip())
+    assert (principal.sub, principal.tenant) == ("a", "t")
