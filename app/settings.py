@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -158,8 +158,11 @@ class Settings:
                 )
         elif hmac:
             raise ConfigError("HS* algorithms need TOOLGATE_JWT_SECRET, not a public key")
-        if self.jwt_public_key_file is not None and not self.jwt_public_key_file.is_file():
-            raise ConfigError(f"TOOLGATE_JWT_PUBLIC_KEY: no such file {self.jwt_public_key_file}")
+        key_file = self.jwt_public_key_file
+        if key_file is not None and not _looked_up(
+            "TOOLGATE_JWT_PUBLIC_KEY", key_file, Path.is_file
+        ):
+            raise ConfigError(f"TOOLGATE_JWT_PUBLIC_KEY: no such file {key_file}")
 
     def check_audit_paths(self) -> None:
         """Refuse an audit archive directory or checkpoint file that cannot be written: a
@@ -168,7 +171,7 @@ class Settings:
         checkpoints = self.audit_checkpoint_file
         if (
             checkpoints is not None
-            and checkpoints.exists()
+            and _looked_up("TOOLGATE_AUDIT_CHECKPOINT_FILE", checkpoints, Path.exists)
             and not (checkpoints.is_file() and os.access(checkpoints, os.W_OK))
         ):
             raise ConfigError(
@@ -179,7 +182,7 @@ class Settings:
             ("TOOLGATE_AUDIT_CHECKPOINT_FILE", checkpoints.parent if checkpoints else None),
         ):
             if directory is not None and not (
-                directory.is_dir() and os.access(directory, os.W_OK | os.X_OK)
+                _looked_up(name, directory, Path.is_dir) and os.access(directory, os.W_OK | os.X_OK)
             ):
                 raise ConfigError(f"{name}: {directory} is not a directory toolgate can write in")
 
@@ -192,6 +195,15 @@ class Settings:
         if not self.database_url.startswith(("postgresql://", "postgres://")):
             raise ConfigError("TOOLGATE_DATABASE_URL must be a postgresql:// URL")
         return self.database_url
+
+
+def _looked_up(name: str, path: Path, test: Callable[[Path], bool]) -> bool:
+    """``test(path)``, a path the system refuses to look up (a name too long, a directory
+    this user may not search) refused as the configuration ``name`` names."""
+    try:
+        return test(path)
+    except OSError as exc:
+        raise ConfigError(f"{name}: {path}: {exc.strerror}") from None
 
 
 def _days(name: str, value: str | None, default: int) -> int:

@@ -326,6 +326,12 @@ async def test_serve_refuses_an_algorithm_it_does_not_know(
         ("TOOLGATE_AUDIT_ARCHIVE_DIR", "a_file"),
         ("TOOLGATE_AUDIT_CHECKPOINT_FILE", "missing/checkpoints.jsonl"),
         ("TOOLGATE_AUDIT_CHECKPOINT_FILE", "a_dir"),
+        # Names the system refuses to look up at all (as a directory toolgate may not
+        # search): an OSError traceback, exit status 1.
+        ("TOOLGATE_AUDIT_ARCHIVE_DIR", "n" * 300),
+        ("TOOLGATE_AUDIT_CHECKPOINT_FILE", "n" * 300),
+        ("TOOLGATE_AUDIT_CHECKPOINT_FILE", "n" * 300 + "/checkpoints.jsonl"),
+        ("TOOLGATE_JWT_PUBLIC_KEY", "n" * 300),
     ],
 )
 async def test_serve_refuses_an_audit_path_it_cannot_write(
@@ -336,7 +342,10 @@ async def test_serve_refuses_an_audit_path_it_cannot_write(
     (tmp_path / "a_file").write_text("")
     (tmp_path / "a_dir").mkdir()
     env = serve_env(database_url, **{variable: str(tmp_path / where)})
-    await refuses_to_serve(env, variable)
+    if variable == "TOOLGATE_JWT_PUBLIC_KEY":
+        del env["TOOLGATE_JWT_SECRET"]
+    stderr = await refuses_to_serve(env, variable)
+    assert "toolgate: " in stderr, stderr
 
 
 async def test_serve_refuses_both_a_secret_and_a_jwks_url(database_url: str) -> None:
