@@ -413,6 +413,21 @@ async def test_a_run_id_that_is_not_a_storable_string_is_refused_not_ignored(
     assert await effects(providers, path) == 0
 
 
+async def test_a_resend_with_a_run_id_no_body_accepts_is_refused_not_an_internal_error(
+    servers: list[Instance], auth: Auth, providers: Providers
+) -> None:
+    """A resend (same request id, tool and arguments) is answered from the first request's
+    execution, which was looked up before any body validated the run id: one longer than an
+    id may be made the execution's body fail, a JSON-RPC internal error with a traceback."""
+    args = {"subject": "s", "body": "b"}
+    first = await post_call(servers[0], auth, 8, "create_ticket", args)
+    assert first["isError"] is False, first
+    again = await post_call(servers[0], auth, 8, "create_ticket", args, meta={"run_id": "r" * 201})
+    assert again["isError"] is True, again
+    assert again["structuredContent"]["code"] == "invalid_request"
+    assert await effects(providers, TICKETS) == 1
+
+
 async def test_a_stale_approval_is_previewed_again_and_put_back_to_the_approvers(
     servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
 ) -> None:

@@ -214,7 +214,7 @@ async def _standing(state: AppState, ask: Ask, tool: Tool, fingerprint: str) -> 
 async def _execute(state: AppState, ask: Ask, call_id: str, key: str) -> Outcome:
     """``/execute`` of the stored call ``call_id`` (which must be of the asked tool) with
     ``key`` (reads ignore it)."""
-    body = ExecuteBody(call_id=call_id, tool=ask.tool, run_id=ask.run_id)
+    body = _body(ExecuteBody, call_id=call_id, tool=ask.tool, run_id=ask.run_id)
     answer = await service.execute(state, ask.principal, body, IdempotencyKey(key, True))
     return Done(answer.body)
 
