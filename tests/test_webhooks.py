@@ -21,7 +21,7 @@ from standardwebhooks import Webhook
 from app.catalog.loader import CatalogError, load
 from app.webhooks import sender, signing
 from tests.catalogs import BASE, write
-from tests.conftest import ROOT, make_env, running_app, serving
+from tests.conftest import ROOT, Providers, make_env, running_app, serving
 from tests.flows import Flow, new_key, refund_args
 
 SECRET = "whsec_" + b64encode(secrets.token_bytes(32)).decode()
@@ -75,7 +75,11 @@ def catalog_with(tmp_path: Path, url: str | None) -> str:
 
 
 @pytest.fixture
-def hook_env(lone_database: str, redis_url: str, providers_url: str) -> dict[str, str]:
+def hook_env(
+    lone_database: str, redis_url: str, providers_url: str, providers: Providers
+) -> dict[str, str]:
+    """Settings of an app of its own, and the providers in their seed state (the refunds
+    these tests make would otherwise exceed what an earlier test left refundable)."""
     return make_env(lone_database, redis_url, providers_url, HOOK_SECRET=SECRET, S=SECRET)
 
 
