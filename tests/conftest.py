@@ -263,19 +263,26 @@ async def app(settings: Settings, redis_url: str) -> AsyncIterator[Any]:
 
 
 @asynccontextmanager
-async def served(app: Any) -> AsyncIterator[str]:
-    """``app`` behind a real HTTP server on a free local port (its lifespan must already
-    run); yields its base URL."""
+async def served(app: Any, **options: Any) -> AsyncIterator[str]:
+    """``app`` behind a real uvicorn on a free local port (its lifespan must already run),
+    with uvicorn's ``options`` (``http=`` a protocol class, say); yields its base URL."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
-    server = uvicorn.Server(config)
+    defaults: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "lifespan": "off",
+        "log_level": "warning",
+    }
+    server = uvicorn.Server(uvicorn.Config(app, **(defaults | options)))
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "the server did not start"
-        await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    try:
+        while not server.started:
+            assert not task.done(), "the server did not start"
+            await asyncio.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 @pytest.fixture(scope="module")

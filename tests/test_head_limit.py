@@ -16,11 +16,10 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
 
 from app import protocol
 from app.protocol import MAX_HEAD_BYTES
-from tests.conftest import free_port
+from tests.conftest import served as served_app
 from tests.flows import Auth
 from tests.test_instances import Instance
 
@@ -234,15 +233,6 @@ async def test_a_request_must_arrive_whole_in_time(monkeypatch: pytest.MonkeyPat
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
-    port = free_port()
-    config = uvicorn.Config(
-        echo, port=port, http=protocol.LimitedHttpToolsProtocol, lifespan="off", log_level="error"
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-
     async def sent_slowly(first: bytes, then: bytes | None) -> tuple[bytes, float]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         started = time.monotonic()
@@ -255,13 +245,11 @@ async def test_a_request_must_arrive_whole_in_time(monkeypatch: pytest.MonkeyPat
         return answer, time.monotonic() - started
 
     head = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\nconnection: close\r\n"
-    try:
+    async with served_app(echo, http=protocol.LimitedHttpToolsProtocol, log_level="error") as url:
+        port = int(url.rsplit(":", 1)[1])
         cut_head, after_head = await sent_slowly(head, None)
         cut_body, after_body = await sent_slowly(head + b"\r\n12345", None)
         whole, _ = await sent_slowly(head, b"\r\n1234567890")
-    finally:
-        server.should_exit = True
-        await serving
     assert (cut_head, cut_body) == (b"", b"")
     assert 0.4 < after_head < 3
     assert 0.4 < after_body < 3
@@ -380,17 +368,10 @@ async def test_what_follows_an_upgrade_request_is_never_run_as_a_request() -> No
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    port = free_port()
-    config = uvicorn.Config(
-        app, port=port, http=protocol.LimitedHttpToolsProtocol, lifespan="off", log_level="error"
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     smuggled = b"GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n"
     answers = []
-    try:
+    async with served_app(app, http=protocol.LimitedHttpToolsProtocol, log_level="error") as url:
+        port = int(url.rsplit(":", 1)[1])
         for upgrade in (b"websocket", b"h2c"):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(
@@ -406,9 +387,6 @@ async def test_what_follows_an_upgrade_request_is_never_run_as_a_request() -> No
                     answer += chunk
             answers.append((answer, reader.at_eof()))
             writer.close()
-    finally:
-        server.should_exit = True
-        await serving
     assert paths == ["/upgrade", "/upgrade"]
     for answer, closed in answers:
         assert answer.count(b"HTTP/1.1") == 1
