@@ -119,20 +119,8 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "may_decide": deciding,
         "proposal": proposal,
         "decisions": [
-            {
-                "seq": e.seq,
-                "at": e.at.isoformat(),
-                "event": e.event,
-                "decision": e.decision,
-                "code": e.code,
-                "reason": e.reason,
-                "policy_version": e.policy_version,
-                "approval_id": e.approval_id,
-                "authorized_by": e.authorized_by,
-                "outcome": e.outcome,
-                "total_ms": e.total_ms,
-                "provider_ms": e.provider_ms,
-            }
+            # The audit columns a history shows, read as such (``audit.of_call``).
+            e._asdict() | {"at": e.at.isoformat()}
             for e in events
         ],
         "dry_runs": [
