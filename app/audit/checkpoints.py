@@ -30,7 +30,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -277,14 +277,16 @@ def removed_early(
     exported: Iterable[Exported],
     removed_through: int,
     public: PublicKey | None,
-    horizon: timedelta,
-    now: datetime,
+    horizon: timedelta | None,
 ) -> Broken | None:
     """A published checkpoint at a position retention removed, signed so recently that its
-    row cannot yet have been older than the audit retention (``horizon``): the chain's start
-    (the anchor, which is not signed) was moved forward to hide newer rows. Only checkpoints
-    ``public`` vouches for count, when given; ``SEALING_SLACK`` allows for a sealer that
-    was behind."""
+    row cannot yet have been older than the audit retention (``horizon``; none: rows are
+    kept, and nothing is judged): the chain's start (the anchor, which is not signed) was
+    moved forward to hide newer rows. Only checkpoints ``public`` vouches for count, when
+    given; ``SEALING_SLACK`` allows for a sealer that was behind."""
+    if horizon is None:
+        return None
+    now = datetime.now(UTC)
     for line, published in exported:
         if published.chain_pos > removed_through:
             continue

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -223,13 +223,7 @@ async def verify(
         or chain.check_accounts(head, beyond, uncovered)
         or chain.check_unchained(head, unchained)
         or checkpoints.compare(comparable, head, hashes, public)
-        or (
-            checkpoints.removed_early(
-                exported, anchor.chain_pos, public, horizon, datetime.now(UTC)
-            )
-            if horizon is not None
-            else None
-        )
+        or checkpoints.removed_early(exported, anchor.chain_pos, public, horizon)
     )
     return VerifyReport(
         ok=broken is None and stalled == 0,
