@@ -1,4 +1,5 @@
-"""The PostgreSQL facade: a pool, explicit transactions, and failures mapped to 503.
+"""The PostgreSQL facade: a pool, explicit transactions, single statements committed in
+batches with concurrent requests' (group commit), and failures mapped to 503.
 
 Only this module imports asyncpg. SQL lives in each capability's ``store`` module and takes
 a ``Connection`` from here; the use case owns the transaction.
@@ -11,7 +12,7 @@ import contextlib
 import hashlib
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import IntEnum, unique
@@ -158,10 +159,102 @@ class Pooled:
             raise Unavailable("database unavailable") from error
 
 
+Queued: TypeAlias = tuple[Sequence[Any], asyncio.Future[Any]]
+"""A statement's arguments, and its caller's future."""
+
+
+class Batch:
+    """One statement that concurrent requests each run with their own arguments, sent
+    together: ``await batch.fetchval(args)`` returns the first value of the one row the
+    statement returns with ``args``, once it has committed. While one batch is being
+    written, the arguments that arrive queue up and go in the next one: one pooled
+    connection, one round trip and one commit for all of them (``fetchmany``, atomic)
+    instead of a pool checkout, a round trip and a commit each. Under load that is most of
+    what storing a call costs the worker and PostgreSQL; with no other request about, a
+    batch holds one statement and waits for none.
+
+    If the database refuses a batch (nothing of it is stored), each statement runs again on
+    its own, so only one at fault fails; connection trouble fails every caller of the batch
+    with ``Unavailable``, as it would have failed each of them on its own."""
+
+    __slots__ = ("_db", "_queued", "_sql", "_writer")
+
+    def __init__(self, db: Database, sql: str) -> None:
+        self._db, self._sql = db, sql
+        self._queued: list[Queued] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def fetchval(self, args: Sequence[Any]) -> Any:
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queued.append((args, done))
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write())
+        return await done
+
+    async def _write(self) -> None:
+        try:
+            while self._queued:
+                batch, self._queued = self._queued, []
+                try:
+                    await self._send(batch)
+                except BaseException as exc:  # cancelled: the pool is closing
+                    _fail(batch, exc)
+                    raise
+        finally:
+            self._writer = None
+            _fail(self._queued, None)
+            self._queued = []
+
+    async def _send(self, batch: list[Queued]) -> None:
+        if len(batch) > 1:
+            try:
+                async with self._db.connection() as conn:
+                    rows = await conn.fetchmany(self._sql, [args for args, _ in batch])
+            except Unavailable as exc:
+                _fail(batch, exc)
+                return
+            except Exception:
+                pass  # each on its own below, so that only a faulty statement fails
+            else:
+                if len(rows) != len(batch):  # stored, but whose row is whose is unknown
+                    _fail(batch, RuntimeError(f"not one row per statement: {self._sql}"))
+                    return
+                for (_, done), row in zip(batch, rows, strict=True):
+                    _wake(done, row[0])
+                return
+        for args, done in batch:
+            try:
+                async with self._db.connection() as conn:
+                    value = await conn.fetchval(self._sql, *args)
+            except Exception as exc:
+                _wake(done, error=exc)
+            else:
+                _wake(done, value)
+
+
+def _wake(done: asyncio.Future[Any], value: Any = None, error: BaseException | None = None) -> None:
+    """Wake a caller that still waits (one that was cancelled does not)."""
+    if not done.done():
+        if error is None:
+            done.set_result(value)
+        else:
+            done.set_exception(error)
+
+
+def _fail(batch: list[Queued], cause: BaseException | None) -> None:
+    """``Unavailable`` for each waiting caller of ``batch``, an instance of its own: a caller
+    may add to its error (``extra``), which must not reach another request's answer."""
+    for _, done in batch:
+        error = Unavailable("database unavailable")
+        error.__cause__ = cause
+        _wake(done, error=error)
+
+
 class Database:
     def __init__(self, url: str) -> None:
         self._url = url
         self._pool: asyncpg.Pool | None = None
+        self._batches: dict[str, Batch] = {}
 
     async def open(self, min_size: int = 2, max_size: int = 20) -> None:
         try:
@@ -194,6 +287,16 @@ class Database:
                 if conn.is_in_transaction():
                     conn.terminate()
                 raise
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """The first value of the one row ``sql`` returns, in a transaction of its own that
+        it shares with concurrent callers of the same statement (``Batch``). For a statement
+        atomic by itself: a store function that takes a ``Connection`` for its single
+        statement can take the ``Database`` instead, outside a transaction."""
+        batch = self._batches.get(sql)
+        if batch is None:
+            batch = self._batches[sql] = Batch(self, sql)
+        return await batch.fetchval(args)
 
     def connection(self) -> Pooled:
         """A connection for reads outside an explicit transaction."""

@@ -22,7 +22,7 @@ from app.audit.models import (
     Seal,
     Unchained,
 )
-from app.db import Connection, Insert, Record
+from app.db import Connection, Database, Insert, Record
 
 
 class AuditEvent(NamedTuple):
@@ -60,22 +60,22 @@ _AFTER: dict[tuple[str, int], str] = {}
 
 
 async def append_after(
-    conn: Connection, changes: str, args: Sequence[Any], event: AuditEvent
+    conn: Connection | Database, changes: str, args: Sequence[Any], event: AuditEvent
 ) -> bool:
     """Apply ``changes`` — data-modifying CTEs, the first named ``change`` and ``RETURNING``
     the rows it touched — and append ``event`` only if ``change`` touched a row, all in one
-    statement: atomic even outside a transaction, and one round trip instead of four."""
+    statement: atomic even outside a transaction, and one round trip instead of four.
+    Whether ``change`` touched a row."""
     key = (changes, len(args))
     sql = _AFTER.get(key)
     if sql is None:
         first = len(args) + 1
         params = ", ".join(f"${i}" for i in range(first, first + len(_COLUMNS)))
         sql = _AFTER[key] = (
-            f"WITH {changes} INSERT INTO audit_events ({', '.join(_COLUMNS)}) "
-            f"SELECT {params} WHERE EXISTS (SELECT 1 FROM change)"
+            f"WITH {changes}, audit AS (INSERT INTO audit_events ({', '.join(_COLUMNS)}) "
+            f"SELECT {params} WHERE EXISTS (SELECT 1 FROM change)) SELECT count(*) FROM change"
         )
-    status = await conn.execute(sql, *args, *_INSERT.values(event))
-    return bool(status.endswith(" 1"))
+    return bool(await conn.fetchval(sql, *args, *_INSERT.values(event)))
 
 
 # Reading and sealing. A transaction that touches several audit tables reads

@@ -148,8 +148,7 @@ class OpenExecution:
             if request.run_id is None and not request.catalog.subscribers(
                 webhooks.CALL_EXECUTED
             ):  # one statement: atomic by itself
-                async with self.state.db.connection() as conn:
-                    changed = await store.finish(conn, *args)
+                changed = await store.finish(self.state.db, *args)
             else:
                 async with self.state.db.transaction() as conn:
                     changed = await store.finish(conn, *args)
@@ -304,9 +303,8 @@ class Execution:
             None,
             "executing",
         )
-        async with self.state.db.connection() as conn:
-            if not await store.claim(conn, record, row):
-                return None
+        if not await store.claim(self.state.db, record, row):
+            return None
         telemetry.decided(authorized, record.call_id, quiet=True)
         return await self._send(record, resumed=False)
 

@@ -75,8 +75,7 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
     )
     announced = awaiting is not None and request.catalog.subscribers(webhooks.APPROVAL_REQUESTED)
     if request.run_id is None and not announced:
-        async with state.db.connection() as conn:
-            await store.insert_with_audit(conn, row, event)
+        await store.insert_with_audit(state.db, row, event)
     else:
         async with state.db.transaction() as conn:
             refusal = await admit_to_run(conn, authorized, new_call=True, cost=0.0)
@@ -236,8 +235,11 @@ async def _record_read(
         provider_ms=provider_ms,
     )
     if request.run_id is None and not request.catalog.subscribers(webhooks.CALL_EXECUTED):
-        async with state.db.connection() as conn:
-            await _write_call(conn, existing, row, event)
+        if existing is None:
+            await store.insert_with_audit(state.db, row, event)
+        else:
+            async with state.db.connection() as conn:
+                await _write_call(conn, existing, row, event)
     else:
         async with state.db.transaction() as conn:
             await _write_call(conn, existing, row, event)

@@ -1,5 +1,7 @@
 """SQL for calls, dry-runs and execution records. Functions take the caller's connection;
-the use case owns the transaction."""
+the use case owns the transaction. Those of one statement atomic by itself also take the
+``Database``, outside a transaction: their statement then commits in a batch with
+concurrent requests' (``Database.fetchval``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 from app.audit.store import AuditEvent, append_after
 from app.calls.models import FINAL, CallRow, DryRunRow, ExecutionRow
-from app.db import Connection, Insert
+from app.db import Connection, Database, Insert
 
 _GENERATED = ("created_at", "updated_at")
 _CALL = Insert.of("calls", CallRow._fields, _GENERATED)
@@ -26,7 +28,7 @@ async def get(conn: Connection, call_id: str) -> CallRow | None:
     return CallRow(**dict(row)) if row else None
 
 
-async def insert_with_audit(conn: Connection, call: CallRow, event: AuditEvent) -> None:
+async def insert_with_audit(conn: Connection | Database, call: CallRow, event: AuditEvent) -> None:
     """The call and its audit row in one statement."""
     await append_after(conn, f"change AS ({_CALL.sql} RETURNING 1)", _CALL.values(call), event)
 
@@ -124,33 +126,37 @@ async def get_execution(conn: Connection, tenant: str, actor: str, key: str) -> 
 
 
 _CALL_PARAMS = range(len(_EXECUTION.columns) + 1, len(_EXECUTION.columns) + len(_CALL.columns) + 1)
+_CLAIM = f"WITH claim AS ({_CLAIM_NEW} RETURNING 1) SELECT count(*) FROM claim"
 _CLAIM_WITH_CALL = (
-    f"WITH claim AS ({_CLAIM_NEW} RETURNING 1) INSERT INTO calls ({', '.join(_CALL.columns)}) "
-    f"SELECT {', '.join(f'${i}' for i in _CALL_PARAMS)} WHERE EXISTS (SELECT 1 FROM claim)"
+    f"WITH claim AS ({_CLAIM_NEW} RETURNING 1), call AS (INSERT INTO calls"
+    f" ({', '.join(_CALL.columns)}) SELECT {', '.join(f'${i}' for i in _CALL_PARAMS)}"
+    " WHERE EXISTS (SELECT 1 FROM claim)) SELECT count(*) FROM claim"
 )
+_FORGET_EXPIRED = """
+    WITH gone AS (
+        DELETE FROM executions
+        WHERE tenant = $1 AND actor = $2 AND idempotency_key = $3
+          AND state IN ('succeeded', 'failed') AND expires_at <= now()
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+"""
 
 
-async def claim(conn: Connection, execution: ExecutionRow, call: CallRow | None = None) -> bool:
+async def claim(
+    conn: Connection | Database, execution: ExecutionRow, call: CallRow | None = None
+) -> bool:
     """Claim the key for a first call (and insert ``call``, the new call it executes, in the
     same statement); ``False`` when another request holds it. A finished record past its
     retention gives way."""
     if call is None:
-        sql, values = _CLAIM_NEW, _EXECUTION.values(execution)
+        sql, values = _CLAIM, _EXECUTION.values(execution)
     else:
         sql, values = _CLAIM_WITH_CALL, _EXECUTION.values(execution) + _CALL.values(call)
-    if (await conn.execute(sql, *values)).endswith(" 1"):
+    if await conn.fetchval(sql, *values):
         return True
-    expired = await conn.execute(
-        """
-        DELETE FROM executions
-        WHERE tenant = $1 AND actor = $2 AND idempotency_key = $3
-          AND state IN ('succeeded', 'failed') AND expires_at <= now()
-        """,
-        execution.tenant,
-        execution.actor,
-        execution.idempotency_key,
-    )
-    return bool(expired.endswith(" 1") and (await conn.execute(sql, *values)).endswith(" 1"))
+    key = (execution.tenant, execution.actor, execution.idempotency_key)
+    return bool(await conn.fetchval(_FORGET_EXPIRED, *key) and await conn.fetchval(sql, *values))
 
 
 _FINISH = """
@@ -168,7 +174,7 @@ _FINISH = """
 
 
 async def finish(
-    conn: Connection,
+    conn: Connection | Database,
     operation_id: str,
     state: str,
     provider_status: int | None,
