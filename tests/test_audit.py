@@ -353,3 +353,38 @@ async def test_export_starts_after_a_cursor(
         "/audit/export", params={"cursor": first["next_cursor"]}, headers=admin(auth)
     )
     assert [orjson.loads(line)["seq"] for line in response.text.splitlines()] == [4, 5, 6, 7, 8]
+
+
+async def test_pages_of_large_rows_stop_at_a_byte_budget_and_lose_none(
+    client: httpx.AsyncClient, auth: Auth, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A denied call's raw arguments are stored as sent, up to the body limit: a page of a
+    hundred such rows (a thousand with ``limit``) was read into one answer, whatever its size,
+    by any user able to make calls and an auditor listing them."""
+    monkeypatch.setattr(service, "EXPORT_PAGE", 1000)
+    large = {"order_id": "ord_1", "note": "x" * 700_000}
+    for _ in range(8):
+        denied = await client.post(
+            "/propose", json={"tool": "get_order", "arguments": large}, headers=auth("mallory")
+        )
+        assert denied.status_code == 422, denied.text
+    pages, cursor = [], None
+    while True:
+        params = {"actor": "mallory", "limit": 1000} | ({"cursor": cursor} if cursor else {})
+        answer = await client.get("/audit", params=params, headers=auditor(auth))
+        assert answer.status_code == 200
+        assert len(answer.content) < 5 << 20
+        pages.append(answer.json()["items"])
+        cursor = answer.json()["next_cursor"]
+        if cursor is None:
+            break
+    assert [len(p) for p in pages] == [6, 2]
+    seqs = [item["seq"] for page in pages for item in page]
+    assert len(set(seqs)) == 8
+    assert seqs == sorted(seqs)
+    async with client.stream(
+        "GET", "/audit/export", params={"actor": "mallory"}, headers=auditor(auth)
+    ) as streamed:
+        chunks = [len(chunk) async for chunk in streamed.aiter_bytes() if chunk]
+        assert streamed.status_code == 200
+    assert sum(chunks) > 8 * 700_000

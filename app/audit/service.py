@@ -21,7 +21,7 @@ import orjson
 from app import cursors, load
 from app.audit import archive, chain, checkpoints, sealer, store
 from app.audit.checkpoints import Exported, PublicKey, SigningKey
-from app.audit.models import Anchor, AuditFilter, AuditRow, Unchained, VerifyReport
+from app.audit.models import Anchor, AuditFilter, Unchained, VerifyReport
 from app.auth.principal import Principal
 from app.db import Connection, Database, Lock
 from app.errors import Forbidden, InvalidRequest
@@ -118,9 +118,7 @@ async def page(
     """One page, oldest first; ``next_cursor`` is null on the last page."""
     where = readable(state.settings, principal, where)
     async with state.db.connection() as conn:
-        rows = await store.page(conn, where, _after(cursor), limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
+        rows, more = await store.page(conn, where, _after(cursor), limit)
     return {
         "items": [chain.item(row) for row in rows],
         "next_cursor": cursors.encode(rows[-1].seq) if more else None,
@@ -143,15 +141,15 @@ async def export(
     return _lines(state.db, where, first)
 
 
-async def _lines(db: Database, where: AuditFilter, rows: list[AuditRow]) -> AsyncIterator[bytes]:
+async def _lines(db: Database, where: AuditFilter, page: store.Page) -> AsyncIterator[bytes]:
     while True:
         async with TURNS.step():
-            lines = b"".join(orjson.dumps(chain.item(row)) + b"\n" for row in rows)
+            lines = b"".join(orjson.dumps(chain.item(row)) + b"\n" for row in page.rows)
         yield lines
-        if len(rows) < EXPORT_PAGE:
+        if not page.more:
             return
         async with TURNS.step(), db.connection() as conn:
-            rows = await store.page(conn, where, rows[-1].seq, EXPORT_PAGE)
+            page = await store.page(conn, where, page.rows[-1].seq, EXPORT_PAGE)
 
 
 async def verify_for(state: AppState, principal: Principal) -> VerifyReport:

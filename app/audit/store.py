@@ -138,11 +138,23 @@ serve, so the page walks its filter's seq-ordered index between the bounds and s
 a page, instead of reading the whole window by time and sorting it."""
 
 
-async def page(
-    conn: Connection, where: AuditFilter, after: int | None, limit: int
-) -> list[AuditRow]:
-    """Rows matching ``where`` with ``seq > after``, oldest first (keyset pagination): the
-    page is found in ``audit_events`` alone, then joined to its seals."""
+PAGE_BYTES = 4 << 20
+"""About how much of the rows' text one page holds: a page ends at the first row that
+reaches it (so it holds at least one). A row can be a megabyte (a denied call's raw
+arguments), and a thousand of them in one answer would hold a worker's memory."""
+
+
+class Page(NamedTuple):
+    rows: list[AuditRow]
+    more: bool
+    """Matching rows follow these."""
+
+
+async def page(conn: Connection, where: AuditFilter, after: int | None, limit: int) -> Page:
+    """Up to ``limit`` rows matching ``where`` with ``seq > after``, oldest first (keyset
+    pagination), and fewer once their text reaches ``PAGE_BYTES``: measured and cut in
+    PostgreSQL, so rows past it are never sent. The page is found in ``audit_events`` alone,
+    then joined to its seals."""
     conditions, params = [], []
     for column in ("tenant", "actor", "tool", "call_id", "run_id", "event"):
         value = getattr(where, column)
@@ -157,13 +169,20 @@ async def page(
         if value is not None:
             params.append(value)
             conditions.append(condition.replace("$0", f"${len(params)}"))
-    params.append(limit)
-    sql = (
-        f"SELECT {_ROW} FROM (SELECT * FROM audit_events"
-        f"{' WHERE ' + ' AND '.join(conditions) if conditions else ''}"
-        f" ORDER BY seq LIMIT ${len(params)}) e {_SEAL} ORDER BY e.seq"
+    params += [limit + 1, PAGE_BYTES]
+    found = (
+        f"SELECT * FROM audit_events{' WHERE ' + ' AND '.join(conditions) if conditions else ''}"
+        f" ORDER BY seq LIMIT ${len(params) - 1}"
     )
-    return [_row(r) for r in await conn.fetch(sql, *params)]
+    sql = f"""
+        SELECT {_ROW}, e.candidates FROM (
+            SELECT *, sum(size) OVER (ORDER BY seq) - size AS before, count(*) OVER () AS candidates
+            FROM (SELECT c.*, octet_length(c::text) AS size FROM ({found}) c) sized
+        ) e {_SEAL}
+        WHERE e.before < ${len(params)} ORDER BY e.seq"""
+    records = await conn.fetch(sql, *params)
+    rows = [AuditRow(*r[:-1]) for r in records[:limit]]
+    return Page(rows, bool(records) and records[0][-1] > len(rows))
 
 
 @asynccontextmanager
