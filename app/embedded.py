@@ -337,9 +337,28 @@ def _useradd_lock() -> Iterator[None]:
     if directory is None or directory.st_uid != 0 or directory.st_mode & 0o022:
         yield
         return
-    fd = os.open(USERADD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    while True:
+        fd = os.open(USERADD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            found = os.fstat(fd)
+            if found.st_uid != 0 or found.st_mode & 0o077:
+                # Not made here (``touch`` makes 0644): flock needs only read access, so any
+                # user may hold this one. Put one that is root's alone in its place.
+                if _inode(USERADD_LOCK) == found.st_ino:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(USERADD_LOCK)
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _inode(USERADD_LOCK) == found.st_ino:
+                yield
+                return
+            # replaced while this start waited: take the file that is there now
+        finally:
+            os.close(fd)
+
+
+def _inode(path: Path) -> int | None:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+        return os.stat(path, follow_symlinks=False).st_ino
+    except FileNotFoundError:
+        return None

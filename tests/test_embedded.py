@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app import embedded
 from app.embedded import USERADD_LOCK
 from tests.conftest import ROOT, SECRET, children, exited, free_port
 
@@ -334,7 +336,10 @@ async def test_first_starts_as_root_make_the_system_user_one_at_a_time(data_dir:
     ``/etc/passwd`` named two ``embedded_postgres`` users: initdb ran as the one that did not
     own its directory and failed. A start waits while another holds the lock, which only
     root can open."""
-    with USERADD_LOCK.open("ab") as lock:
+    made = os.open(
+        USERADD_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+    )  # as a start makes it
+    with os.fdopen(made, "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         waiting = asyncio.create_task(migrate(newcomer_env(data_dir)))
         done, _ = await asyncio.wait([waiting], timeout=5)
@@ -363,3 +368,45 @@ async def test_a_data_dir_path_that_cannot_be_resolved_is_a_clear_error(
     assert result.returncode == 2, result.stderr
     assert f"toolgate: TOOLGATE_DATA_DIR {where}: " in result.stderr, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the system user is made only as root")
+def test_a_lock_file_others_can_read_is_replaced_not_trusted(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock file root left readable by others (``touch``, or ``open("ab")`` as the test
+    above did when /run had none yet: 0644) was trusted as found, and flock needs no write
+    permission: any user could open it, hold it, and every first start as root waited for
+    ever. A file that is not root's 0600 is replaced by one that is."""
+    run = data_dir.parent  # root's, 0755 like /run, and searchable by the other user
+    run.chmod(0o755)
+    lock = run / "toolgate-useradd.lock"
+    lock.touch(mode=0o644)
+    monkeypatch.setattr(embedded, "USERADD_LOCK", lock)
+    holder = subprocess.Popen(  # flock(1) opens the file read-only, as any user may
+        ["flock", str(lock), "sh", "-c", "echo held; exec sleep 60"],
+        user=65534,
+        group=65534,
+        cwd="/",
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        outcome: list[str] = []
+        taker = threading.Thread(target=_take, args=(outcome,), daemon=True)
+        taker.start()
+        taker.join(5)
+        assert outcome == ["taken"]
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.communicate()
+    status = lock.stat()
+    assert (status.st_uid, status.st_mode & 0o777) == (0, 0o600)
+
+
+def _take(outcome: list[str]) -> None:
+    with embedded._useradd_lock():
+        outcome.append("taken")
