@@ -6,6 +6,7 @@ environment. A bad configuration raises ``ConfigError`` with a message fit for a
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -112,7 +113,7 @@ class Settings:
             redis_prefix=get("REDIS_PREFIX") or "toolgate:",
             jwt_secret=secret,
             jwt_public_key_file=_path(public_key),
-            jwks_url=_url("TOOLGATE_JWKS_URL", jwks_url, ("https", "http"), host=True),
+            jwks_url=_jwks_url(jwks_url),
             jwt_algorithms=allowed,
             jwt_issuer=get("JWT_ISSUER"),
             jwt_audience=get("JWT_AUDIENCE"),
@@ -253,6 +254,28 @@ def _url(
     if host and not parts.hostname:
         raise ConfigError(f"{name} names no host")
     return value
+
+
+def _jwks_url(value: str | None) -> str | None:
+    """An ``https://`` URL, or plain ``http://`` to this machine only: the keys fetched there
+    decide every identity, and anyone on the network path of a plain request could answer
+    with keys of their own and sign tokens for any user of any tenant."""
+    url = _url("TOOLGATE_JWKS_URL", value, ("https", "http"), host=True)
+    if url is None or urlsplit(url).scheme == "https" or _loopback(urlsplit(url).hostname):
+        return url
+    raise ConfigError(
+        "TOOLGATE_JWKS_URL must be an https:// URL (plain http:// only to localhost or a "
+        "loopback address): keys fetched in the clear can be swapped by anyone on the way"
+    )
+
+
+def _loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
 
 
 def _path(value: str | None) -> Path | None:

@@ -531,3 +531,19 @@ async def test_a_jwks_that_cannot_be_fetched_at_first_is_503_not_an_unknown_key(
         with pytest.raises(Unavailable):
             await verifier.verify(rs256(key_a, "A", sub=sub))
     assert jwks.hits == 1
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://issuer.example/.well-known/jwks.json",
+        "http://127.0.0.1:8400/jwks.json",
+        "http://127.9.0.1/jwks.json",
+        "http://[::1]:8400/jwks.json",
+        "http://localhost:8400/jwks.json",
+    ],
+)
+def test_a_jwks_url_is_https_or_on_this_machine(url: str) -> None:
+    """Plain http stays possible for an issuer on this machine (a local trial, a sidecar);
+    ``test_serve_refuses_a_jwks_url_it_could_never_fetch`` has those refused."""
+    assert Settings.from_env({"TOOLGATE_JWKS_URL": url}).jwks_url == url

@@ -395,11 +395,16 @@ async def test_serve_refuses_a_malformed_database_or_redis_url(
         "ftp://issuer.example/jwks.json",
         "https:///jwks.json",
         "https://issuer.example:99999/jwks.json",
+        "http://issuer.example/jwks.json",
+        "http://10.0.0.7/jwks.json",
+        "http://localhost.issuer.example/jwks.json",
+        "http://127.0.0.1.nip.io/jwks.json",
     ],
 )
 async def test_serve_refuses_a_jwks_url_it_could_never_fetch(database_url: str, url: str) -> None:
     """Such a URL started a service that answered every request 503: the key was as
-    missing as no key at all, which serve refuses."""
+    missing as no key at all, which serve refuses. Plain http to another machine was
+    accepted: anyone on the way could answer with keys of their own and sign any token."""
     env = serve_env(database_url, TOOLGATE_JWKS_URL=url)
     del env["TOOLGATE_JWT_SECRET"]
     await refuses_to_serve(env, "TOOLGATE_JWKS_URL")
