@@ -7,6 +7,7 @@ mutated text, so a problem must point at the line that holds the offending node.
 from __future__ import annotations
 
 import http.server
+import os
 import re
 import threading
 import time
@@ -570,6 +571,26 @@ def test_a_directory_of_yaml_files_is_merged(tmp_path: Path) -> None:
     single = load(write(tmp_path, BASE, "single.yaml"), {})
     assert set(merged.tools) == {"get_order", "issue_refund", "update_email"}
     assert merged.policy_version == single.policy_version
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_yaml_name_that_is_no_regular_file_is_a_problem_not_a_hang(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO named ``*.yaml`` in the catalog directory blocked the load (serve's start,
+    every reload, ``catalog check``) until something wrote to it; a link to ``/dev/zero``
+    read without end."""
+    directory = tmp_path / "catalog"
+    directory.mkdir()
+    write(directory, BASE, "10-base.yaml")
+    odd = directory / "20-odd.yaml"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    else:
+        odd.symlink_to("/dev/zero")
+    with pytest.raises(CatalogError) as caught:
+        load(directory, {})
+    assert [str(p) for p in caught.value.problems] == [f"{odd}: unreadable: not a regular file"]
 
 
 def test_the_same_tool_in_two_files_is_a_problem(tmp_path: Path) -> None:

@@ -6,8 +6,11 @@ twice is a problem, not a silent override.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,16 +76,30 @@ def read(location: Path) -> Source:
     return source
 
 
+def _text(file: Path) -> str:
+    """The file's text, if it is a regular file: opened without waiting, since a FIFO (or a
+    link to a device) named ``*.yaml`` would block a load, and with it a reload or
+    ``catalog check``, for as long as nothing writes to it (or read without end)."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as opened:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return opened.read().decode("utf-8")
+
+
 def _merge(source: Source, file: Path) -> None:
     name = str(file)
     source.files.append(name)
     builder = _Builder(name)
     try:  # composing and building both recurse per level of nesting
-        node = yaml.compose(file.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        node = yaml.compose(_text(file), Loader=yaml.SafeLoader)
         if node is None:
             return
         data = builder.value(node, ())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except OSError as exc:
+        source.problems.append(Problem(name, None, (), f"unreadable: {exc.strerror}"))
+        return
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         source.problems.append(
             Problem(name, line + 1 if line is not None else None, (), f"unreadable: {exc}")
