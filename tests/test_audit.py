@@ -370,7 +370,9 @@ async def test_pages_of_large_rows_stop_at_a_byte_budget_and_lose_none(
         assert denied.status_code == 422, denied.text
     pages, cursor = [], None
     while True:
-        params = {"actor": "mallory", "limit": 1000} | ({"cursor": cursor} if cursor else {})
+        params: dict[str, str | int] = {"actor": "mallory", "limit": 1000}
+        if cursor:
+            params["cursor"] = cursor
         answer = await client.get("/audit", params=params, headers=auditor(auth))
         assert answer.status_code == 200
         assert len(answer.content) < 5 << 20
