@@ -161,6 +161,10 @@ NOT_PUBLIC = [
     "255.255.255.255",
     "224.0.0.1",
     "198.18.0.1",
+    "192.0.0.8",  # IETF protocol assignments (192.0.0.0/24): not globally reachable, though
+    "192.0.0.100",  # Python before 3.11.10 / 3.12.4 calls all but 192.0.0.0/29 global
+    "::ffff:192.0.0.100",
+    "64:ff9b::c000:64",  # NAT64 of 192.0.0.100
     "::",
     "::1",
     "fe80::1",
@@ -270,6 +274,7 @@ async def test_backslash_numeric_and_non_string_urls_are_refused_recorded_and_ne
     cases: list[tuple[Any, int, str]] = [
         ("http://evil.com\\@127.0.0.1/", 403, "tool_forbidden"),
         ("http://127.1/", 403, "tool_forbidden"),
+        ("http://192.0.0.100/", 403, "tool_forbidden"),
         ("http://user@93.184.216.34/", 403, "tool_forbidden"),
         ("http://[64:ff9b::a9fe:a9fe]/latest/meta-data", 403, "tool_forbidden"),
         (42, 422, "invalid_arguments"),

@@ -335,7 +335,15 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ..
     return ()
 
 
+_NEVER_PUBLIC_V4 = ipaddress.IPv4Network("192.0.0.0/24")
+"""IETF protocol assignments: not globally reachable (its two anycast addresses, .9 and .10,
+are refused too; no webhook lives there). Python's tables before 3.11.10 and 3.12.4 hold only
+192.0.0.0/29 private, so ``is_global`` alone would pass 192.0.0.8 to 192.0.0.255."""
+
+
 def _is_public_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv4Address) and ip in _NEVER_PUBLIC_V4:
+        return False
     return ip.is_global and not ip.is_multicast
 
 
