@@ -202,6 +202,14 @@ def test_nested_strings_are_judged_and_named_by_their_path() -> None:
     assert taint_of(arguments, recall) == [("payees.0.iban", "call_read")]
 
 
+def test_an_object_key_is_judged_like_a_value() -> None:
+    """A free-form map carried a copied value as a key (``{"<iban>": 100}``) unjudged,
+    although keys of results are remembered."""
+    recall = recall_of({"call_read": {"note": NOTE}})
+    assert taint_of({"payouts": {IBAN: 100}}, recall) == [(f"payouts.{IBAN}", "call_read")]
+    assert taint_of({"payouts": {"savings account": 100}}, recall) == []
+
+
 def test_exempt_and_opaque_arguments() -> None:
     recall = recall_of({"call_read": {"note": NOTE}})
     assert findings(candidates({"recipient": IBAN}, exempt=["recipient"]), recall) == ()

@@ -137,7 +137,8 @@ class Candidate:
 def candidates(
     arguments: Mapping[str, Any], exempt: Iterable[str] = (), opaque: Iterable[str] = ()
 ) -> list[Candidate]:
-    """The string arguments (at any depth) of at least ``WINDOW`` normalized characters,
+    """The string arguments and object keys (at any depth) of at least ``WINDOW`` normalized
+    characters,
     except the top-level arguments ``exempt`` (``x-identity``: always the session's own).
     Strings inside an ``opaque`` argument (``x-sensitive``) are named by that argument alone,
     so no key of its value is ever shown."""
@@ -159,7 +160,8 @@ def _candidates(path: str, value: Any) -> Iterator[Candidate]:
         if len(text) >= WINDOW:
             yield Candidate(path, text, tuple(windows(text)))
     elif isinstance(value, dict):
-        for key, item in value.items():
+        for key, item in value.items():  # a key carries a value too: {"<iban>": amount}
+            yield from _candidates(f"{path}.{key}", key)
             yield from _candidates(f"{path}.{key}", item)
     elif isinstance(value, list):
         for index, item in enumerate(value):
