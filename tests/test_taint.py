@@ -250,6 +250,18 @@ TOOLS = """
     provider: billing
     execute: {method: POST, path: /pay}
     parameters: {type: object}
+  pay_nested:
+    mutation: true
+    provider: billing
+    execute: {method: POST, path: /pay}
+    on_taint: deny
+    parameters:
+      type: object
+      properties:
+        payment:
+          type: object
+          properties:
+            reference: {type: string}
   pay_anyway:
     mutation: true
     provider: billing
@@ -292,6 +304,22 @@ def test_on_taint_deny_refuses_and_names_the_source(tools: Any) -> None:
         {"argument": "recipient", "source_call_id": "call_read"}
     ]
     assert "DE89" not in refused.value.detail
+
+
+def test_a_property_name_the_catalog_declares_is_not_judged(tools: Any) -> None:
+    """Judging object keys tainted a nested property the tool's schema names (``reference``)
+    whenever a result had a field of that name, or the run had forgotten: the catalog's own
+    words are not copied from a result. A key it does not declare is still judged."""
+    recall = recall_of({"call_read": {"customer": {"reference": "C-1"}, "note": NOTE}})
+    arguments = {"payment": {"reference": "Inv 7"}}
+    assert decide(tools["pay_nested"], arguments, recall).taint == ()
+    forgot = recall_of({}, forgotten_after="call_lost")
+    assert decide(tools["pay_nested"], arguments, forgot).taint == ()
+    with pytest.raises(TaintedArguments) as refused:
+        decide(tools["pay_nested"], {"payment": {"reference": "Inv 7", IBAN: 1}}, recall)
+    assert refused.value.extra["taint"] == [
+        {"argument": f"payment.{IBAN}", "source_call_id": "call_read"}
+    ]
 
 
 def test_on_taint_allow_and_identity_arguments_are_not_judged(tools: Any) -> None:

@@ -378,7 +378,8 @@ def taint_candidates(call: PreparedCall) -> list[Candidate]:
     long enough to judge, except ``x-identity`` ones (always the session's own)."""
     if call.tool.on_taint == "allow":
         return []
-    return candidates(call.arguments, call.tool.identity_args, call.tool.sensitive_args)
+    tool = call.tool
+    return candidates(call.arguments, tool.identity_args, tool.sensitive_args, tool.declared_keys)
 
 
 def tainted(call: PreparedCall, recall: Recall | None) -> tuple[Taint, ...]:

@@ -39,6 +39,7 @@ from app.catalog.spec import (
     ResourceSpec,
     ToolSpec,
 )
+from app.runs.provenance import declared_names
 
 ANNOTATIONS = {"x-identity", "x-resource", "x-egress", "x-sensitive"}
 CEL_VARIABLES = {"args", "principal"}
@@ -288,6 +289,7 @@ def _tool(
         egress_args=egress,
         path_args=frozenset(path_args),
         sensitive_args=sensitive,
+        declared_keys=declared_names(t.parameters),
         result=t.result,
     )
 

@@ -88,6 +88,9 @@ class Tool:
     """Arguments written into a URL path: placeholders of ``execute`` and ``dry_run``, and
     ``x-resource`` arguments whose owner lookup path names the id."""
     sensitive_args: frozenset[str]
+    declared_keys: frozenset[str]
+    """Every property name ``parameters`` declares, at any depth: keys provenance does not
+    judge (``app.runs.provenance.candidates``)."""
     result: ResultSpec
 
 

@@ -135,37 +135,60 @@ class Candidate:
 
 
 def candidates(
-    arguments: Mapping[str, Any], exempt: Iterable[str] = (), opaque: Iterable[str] = ()
+    arguments: Mapping[str, Any],
+    exempt: Iterable[str] = (),
+    opaque: Iterable[str] = (),
+    declared: Iterable[str] = (),
 ) -> list[Candidate]:
     """The string arguments and object keys (at any depth) of at least ``WINDOW`` normalized
     characters,
     except the top-level arguments ``exempt`` (``x-identity``: always the session's own).
     Strings inside an ``opaque`` argument (``x-sensitive``) are named by that argument alone,
-    so no key of its value is ever shown."""
-    skip, hidden = set(exempt), set(opaque)
+    so no key of its value is ever shown. A key among ``declared`` (the property names the
+    tool's schema declares) is the catalog's word, not data: results name the same fields,
+    so judging it would taint every call that nests one."""
+    skip, hidden, known = set(exempt), set(opaque), frozenset(declared)
     found: list[Candidate] = []
     for name, value in arguments.items():
         if name in skip:
             continue
-        for candidate in _candidates(name, value):
+        for candidate in _candidates(name, value, known):
             if name in hidden and candidate.argument != name:
                 candidate = Candidate(name, candidate.text, candidate.windows)
             found.append(candidate)
     return found
 
 
-def _candidates(path: str, value: Any) -> Iterator[Candidate]:
+def _candidates(path: str, value: Any, declared: frozenset[str]) -> Iterator[Candidate]:
     if isinstance(value, str):
         text = normalized(value)
         if len(text) >= WINDOW:
             yield Candidate(path, text, tuple(windows(text)))
     elif isinstance(value, dict):
         for key, item in value.items():  # a key carries a value too: {"<iban>": amount}
-            yield from _candidates(f"{path}.{key}", key)
-            yield from _candidates(f"{path}.{key}", item)
+            if key not in declared:
+                yield from _candidates(f"{path}.{key}", key, declared)
+            yield from _candidates(f"{path}.{key}", item, declared)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            yield from _candidates(f"{path}.{index}", item)
+            yield from _candidates(f"{path}.{index}", item, declared)
+
+
+def declared_names(schema: Any) -> frozenset[str]:
+    """Every property name a JSON Schema declares (``properties``, at any depth, ``$defs``
+    included): the keys ``candidates`` does not judge."""
+    names: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            properties = node.get("properties")
+            if isinstance(properties, Mapping):
+                names.update(k for k in properties if isinstance(k, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return frozenset(names)
 
 
 @dataclass(frozen=True)
