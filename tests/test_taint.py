@@ -40,8 +40,11 @@ def recall_of(
     return Recall(task, found, **kw)
 
 
-def taint_of(arguments: dict[str, Any], recall: Recall) -> list[tuple[str, str]]:
-    return [(t.argument, t.source_call_id) for t in findings(candidates(arguments), recall)]
+def taint_of(
+    arguments: dict[str, Any], recall: Recall, declared: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
+    found = findings(candidates(arguments, declared=declared), recall)
+    return [(t.argument, t.source_call_id) for t in found]
 
 
 def test_normalization_ignores_case_spacing_punctuation_and_invisible_characters() -> None:
@@ -219,9 +222,10 @@ def test_exempt_and_opaque_arguments() -> None:
 
 def test_a_run_that_forgot_taints_every_judged_argument_not_in_its_task() -> None:
     recall = recall_of({"call_read": {"note": NOTE}}, "send 10 to my savings", forgotten_after="c9")
-    assert taint_of({"recipient": IBAN}, recall) == [("recipient", "call_read")]
-    assert taint_of({"recipient": "NL91ABNA0417164300"}, recall) == [("recipient", "c9")]
-    assert taint_of({"recipient": "my savings"}, recall) == []
+    schema = ("recipient",)  # a name the tool declares is not judged
+    assert taint_of({"recipient": IBAN}, recall, schema) == [("recipient", "call_read")]
+    assert taint_of({"recipient": "NL91ABNA0417164300"}, recall, schema) == [("recipient", "c9")]
+    assert taint_of({"recipient": "my savings"}, recall, schema) == []
 
 
 TOOLS = """
@@ -304,6 +308,17 @@ def test_on_taint_deny_refuses_and_names_the_source(tools: Any) -> None:
         {"argument": "recipient", "source_call_id": "call_read"}
     ]
     assert "DE89" not in refused.value.detail
+
+
+def test_a_top_level_argument_name_is_judged_like_a_value(tools: Any) -> None:
+    """A tool whose parameters are free-form at the top (``{type: object}``) took a copied
+    value as an argument's name (``{"<iban>": 100}``) unjudged, though the same key one
+    level down was refused."""
+    recall = recall_of({"call_read": {"note": NOTE}})
+    with pytest.raises(TaintedArguments) as refused:
+        decide(tools["pay_plain"], {IBAN: 100}, recall)
+    assert refused.value.extra["taint"] == [{"argument": IBAN, "source_call_id": "call_read"}]
+    assert decide(tools["pay_plain"], {"savings account": 100}, recall).taint == ()
 
 
 def test_a_property_name_the_catalog_declares_is_not_judged(tools: Any) -> None:

@@ -24,6 +24,7 @@ in text of its own (only whole arguments are judged).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -140,8 +141,8 @@ def candidates(
     opaque: Iterable[str] = (),
     declared: Iterable[str] = (),
 ) -> list[Candidate]:
-    """The string arguments and object keys (at any depth) of at least ``WINDOW`` normalized
-    characters,
+    """The string arguments and object keys (at any depth, the arguments' names too) of at
+    least ``WINDOW`` normalized characters,
     except the top-level arguments ``exempt`` (``x-identity``: always the session's own).
     Strings inside an ``opaque`` argument (``x-sensitive``) are named by that argument alone,
     so no key of its value is ever shown. A key among ``declared`` (the property names the
@@ -152,7 +153,9 @@ def candidates(
     for name, value in arguments.items():
         if name in skip:
             continue
-        for candidate in _candidates(name, value, known):
+        # a tool free-form at the top takes any name: {"<iban>": amount}
+        named = () if name in known else _candidates(name, name, known)
+        for candidate in itertools.chain(named, _candidates(name, value, known)):
             if name in hidden and candidate.argument != name:
                 candidate = Candidate(name, candidate.text, candidate.windows)
             found.append(candidate)
