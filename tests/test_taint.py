@@ -255,17 +255,9 @@ TOOLS = """
     execute: {method: POST, path: /pay}
     parameters: {type: object}
   pay_nested:
-    mutation: true
-    provider: billing
-    execute: {method: POST, path: /pay}
-    on_taint: deny
-    parameters:
-      type: object
-      properties:
-        payment:
-          type: object
-          properties:
-            reference: {type: string}
+    {mutation: true, provider: billing, execute: {method: POST, path: /pay}, on_taint: deny,
+     parameters: {type: object, properties: {
+       payment: {type: object, properties: {reference: {type: string}}}}}}
   pay_anyway:
     mutation: true
     provider: billing
