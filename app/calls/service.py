@@ -45,7 +45,7 @@ from app.calls.recording import (
 )
 from app.calls.results import classify, result_body
 from app.canonical import digest
-from app.db import Connection
+from app.db import Connection, Database
 from app.errors import ApprovalMismatch, InvalidRequest, ProviderTimeout, ProviderUnavailable
 from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
@@ -235,11 +235,7 @@ async def _record_read(
         provider_ms=provider_ms,
     )
     if request.run_id is None and not request.catalog.subscribers(webhooks.CALL_EXECUTED):
-        if existing is None:
-            await store.insert_with_audit(state.db, row, event)
-        else:
-            async with state.db.connection() as conn:
-                await _write_call(conn, existing, row, event)
+        await _write_call(state.db, existing, row, event)
     else:
         async with state.db.transaction() as conn:
             await _write_call(conn, existing, row, event)
@@ -257,7 +253,7 @@ async def _record_read(
 
 
 async def _write_call(
-    conn: Connection, existing: CallRow | None, row: CallRow, event: AuditEvent
+    conn: Connection | Database, existing: CallRow | None, row: CallRow, event: AuditEvent
 ) -> None:
     """The call as ``row`` says, new or moved to its state, with its audit row: one
     statement."""

@@ -34,7 +34,7 @@ async def insert_with_audit(conn: Connection | Database, call: CallRow, event: A
 
 
 async def set_state_with_audit(
-    conn: Connection,
+    conn: Connection | Database,
     call_id: str,
     state: str,
     event: AuditEvent,
