@@ -13,13 +13,12 @@ demo listens on loopback only (``check_reach``).
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from app.auth.tokens import mint
-from app.settings import ConfigError, Settings
+from app.settings import ConfigError, Settings, loopback
 
 DEMO_SECRET = "demo-only-secret-change-me-0123456789abcdef"
 CATALOG = Path(__file__).resolve().parent / "catalog" / "demo.yaml"
@@ -56,11 +55,7 @@ def check_reach(host: str, env: Mapping[str, str]) -> None:
     read or act on whatever the store holds (``TOOLGATE_DATABASE_URL`` may name a real one)."""
     if env.get("TOOLGATE_JWT_SECRET", "").strip() != DEMO_SECRET:
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not loopback(host):
         raise ConfigError(
             f"toolgate demo would listen on {host} with the published demo secret, and anyone"
             " who reaches it could sign a token for any user, tenant and role: set"

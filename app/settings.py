@@ -261,7 +261,10 @@ def _jwks_url(value: str | None) -> str | None:
     decide every identity, and anyone on the network path of a plain request could answer
     with keys of their own and sign tokens for any user of any tenant."""
     url = _url("TOOLGATE_JWKS_URL", value, ("https", "http"), host=True)
-    if url is None or urlsplit(url).scheme == "https" or _loopback(urlsplit(url).hostname):
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme == "https" or loopback(parts.hostname):
         return url
     raise ConfigError(
         "TOOLGATE_JWKS_URL must be an https:// URL (plain http:// only to localhost or a "
@@ -269,7 +272,9 @@ def _jwks_url(value: str | None) -> str | None:
     )
 
 
-def _loopback(host: str | None) -> bool:
+def loopback(host: str | None) -> bool:
+    """Whether ``host`` (a URL's host name) names this machine: ``localhost`` or a loopback
+    address."""
     if host == "localhost":
         return True
     try:
