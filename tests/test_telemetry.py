@@ -476,7 +476,17 @@ async def test_hostile_trace_headers_write_no_log_lines(
         lines = [json.loads(line) for line in log.read_bytes().splitlines()[started:]]
     finally:
         served.stop()
-    assert [line["message"] for line in lines] == ["deny unknown: unknown_tool"]
+    # Judged by what the headers could cause, not by counting: a start-up line of the
+    # instance (its sealer is a process of its own) may be written after ``started``.
+    about_headers = [
+        line
+        for line in lines
+        if line["logger"].startswith("opentelemetry")
+        or any(name in json.dumps(line) for name in ("baggage", "tracestate", "traceparent"))
+    ]
+    assert about_headers == []
+    denials = [line["message"] for line in lines if line["logger"] == "toolgate.calls"]
+    assert denials == ["deny unknown: unknown_tool"]
 
 
 @given(st.floats(min_value=0, max_value=2**34, allow_nan=False))
