@@ -174,6 +174,7 @@ class RequestLimits:
             return
         refusal = _refusal(scope)
         if refusal is not None:
+            metrics.refusals(metrics.UNMATCHED_ROUTE, refusal.code).inc()
             await problem(refusal)(scope, receive, send)
             return
         received = 0
@@ -213,6 +214,13 @@ def _over_limit(length: bytes) -> bool:
 
 def _too_large() -> ToolgateError:
     return ContentTooLarge(f"the request body is larger than {MAX_BODY_BYTES} bytes")
+
+
+def refused(request: Request, error: ToolgateError) -> JSON:
+    """The problem answering ``error``, counted by route and code (``toolgate_refusals``):
+    a refusal that no decision records, such as a malformed body, is recorded there."""
+    metrics.refusals(metrics.route_template(request.scope), error.code).inc()
+    return problem(error)
 
 
 def unexpected(headers: dict[str, str] | None = None) -> JSON:
@@ -272,7 +280,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
 
     @app.exception_handler(ToolgateError)
     async def on_toolgate_error(request: Request, error: ToolgateError) -> Any:
-        return problem(error)
+        return refused(request, error)
 
     @app.exception_handler(ClientDisconnect)
     async def on_client_gone(request: Request, error: ClientDisconnect) -> Any:
@@ -283,8 +291,8 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     async def on_invalid_body(request: Request, error: RequestValidationError) -> Any:
         errors = error.errors()
         body = all(e["loc"][:1] == ("body",) for e in errors)
-        return problem(
-            malformed(errors, skip=1, what="the request body" if body else "the request")
+        return refused(
+            request, malformed(errors, skip=1, what="the request body" if body else "the request")
         )
 
     @app.exception_handler(Exception)
@@ -294,7 +302,8 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, error: HTTPException) -> Any:
         if error.status_code == 404:
-            return problem(NotFound("no such endpoint"))
+            return refused(request, NotFound("no such endpoint"))
+        metrics.refusals(metrics.route_template(request.scope), InvalidRequest.code).inc()
         body = {**InvalidRequest(str(error.detail)).problem(), "status": error.status_code}
         return JSON(
             body,

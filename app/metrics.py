@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 from fastapi import APIRouter, Response
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
@@ -46,6 +48,12 @@ REQUEST_SECONDS = Histogram(
     ("route", "method", "status"),
     buckets=_BUCKETS,
 )
+REFUSALS = Counter(
+    "toolgate_refusals",
+    "Requests answered with a problem, by route template and problem code: malformed input "
+    "and every other refusal, including those no decision records.",
+    ("route", "code"),
+)
 PROVIDER_SECONDS = Histogram(
     "toolgate_provider_duration_seconds",
     "Provider request latency, by provider and endpoint (execute/dry_run/reconcile/owner).",
@@ -68,6 +76,23 @@ def executions(tool: str, status: str) -> Counter:
 @lru_cache(maxsize=4096)
 def request_seconds(route: str, method: str, status: int) -> Histogram:
     return REQUEST_SECONDS.labels(route, method, str(status))
+
+
+@lru_cache(maxsize=4096)
+def refusals(route: str, code: str) -> Counter:
+    return REFUSALS.labels(route, code)
+
+
+def route_template(scope: Mapping[str, Any]) -> str:
+    """The matched route's template: FastAPI's route, or the path of a plain Starlette route
+    without path parameters (which is its own template); ``UNMATCHED_ROUTE`` when nothing
+    matched, so the label stays bounded whatever paths are asked for."""
+    route = scope.get("route")
+    if route is not None:
+        return getattr(route, "path", None) or UNMATCHED_ROUTE
+    if "endpoint" in scope and not scope.get("path_params"):
+        return str(scope["path"])
+    return UNMATCHED_ROUTE
 
 
 @lru_cache(maxsize=1024)

@@ -30,7 +30,7 @@ class TelemetryMiddleware:
     """A SERVER span, the request-latency histogram and fresh ``RequestFields`` per request.
 
     Plain ASGI (no ``BaseHTTPMiddleware``): the route template is read from the scope after
-    routing (``_route``), so span names and labels stay bounded (``POST /execute``).
+    routing (``metrics.route_template``), so span names and labels stay bounded (``POST /execute``).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -76,10 +76,8 @@ class TelemetryMiddleware:
             error = type(exc).__qualname__
             raise
         finally:
-            route = _route(scope)
-            metrics.request_seconds(route or metrics.UNMATCHED_ROUTE, method, status).observe(
-                time.perf_counter() - started
-            )
+            route = metrics.route_template(scope)
+            metrics.request_seconds(route, method, status).observe(time.perf_counter() - started)
             if span.is_recording():
                 _describe(span, method, route, status, error, fields)
             span.end()
@@ -88,28 +86,17 @@ class TelemetryMiddleware:
                 otel_context.detach(otel_token)
 
 
-def _route(scope: Scope) -> str | None:
-    """The matched route's template: FastAPI's route, or the path of a plain Starlette route
-    without path parameters (which is its own template); ``None`` when nothing matched."""
-    route = scope.get("route")
-    if route is not None:
-        return getattr(route, "path", None)
-    if "endpoint" in scope and not scope.get("path_params"):
-        return str(scope["path"])
-    return None
-
-
 def _describe(
     span: trace.Span,
     method: str,
-    route: str | None,
+    route: str,
     status: int,
     error: str | None,
     fields: RequestFields,
 ) -> None:
     """A request span's closing attributes: route, status, correlation ids, error."""
     attributes: dict[str, Any] = {"http.response.status_code": status}
-    if route is not None:
+    if route != metrics.UNMATCHED_ROUTE:
         span.update_name(f"{method} {route}")
         attributes["http.route"] = route
     if fields.call_id is not None:
