@@ -10,9 +10,10 @@ refused wherever a body field is an id or free text.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+import re
+from typing import Annotated, Any, TypeGuard
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 from app import recordable
 
@@ -51,6 +52,22 @@ def _finite_object(value: dict[str, Any]) -> dict[str, Any]:
 
 Text = Annotated[str, AfterValidator(_storable)]
 """An id or free text in a body: what PostgreSQL's ``text`` can hold."""
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,200}$"
+_ID = re.compile(ID_PATTERN)
+Id = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+"""An identifier a request names (a call, run, approval or dry-run id, a tool call id): 1 to
+200 characters of ``[A-Za-z0-9_.:-]``, which every id toolgate issues is. Present means
+present: an empty or blank id is refused as malformed, never read as "none given", since
+leaving out ``run_id`` would take a call out of its run's budget and provenance. A
+well-formed id that names nothing the caller may see is ``not_found`` where it is looked
+up."""
+
+
+def is_id(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is an ``Id``, for input that no body model reads first."""
+    return isinstance(value, str) and _ID.match(value) is not None
+
+
 JsonObject = Annotated[dict[str, Any], AfterValidator(_finite_object)]
 """Arbitrary JSON whose numbers are all finite; its texts and integers are checked where
 they are decided on (``policy.prepare``), so that refusal is recorded."""

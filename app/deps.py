@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, TypeVar, cast
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from pydantic import BaseModel, ValidationError
 
 from app import recordable
 from app.auth.principal import Principal
+from app.bodies import ID_PATTERN
 from app.errors import InvalidRequest, ToolgateError, Unauthenticated, Unavailable
 from app.state import AppState
 
@@ -81,3 +82,5 @@ valid token, or a JWKS that cannot be fetched."""
 
 State = Annotated[AppState, Depends(get_state)]
 CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
+PathId = Annotated[str, Path(pattern=ID_PATTERN)]
+"""An id in the path (``/calls/{call_id}``): malformed is ``invalid_request``, as in a body."""

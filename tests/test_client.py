@@ -237,9 +237,16 @@ async def test_runs_catalog_and_audit_are_read_through_the_client(
     assert verified["first_broken"] is None
 
 
-@pytest.mark.parametrize("odd", ["../approvals", "x?status=pending", "%2e%2e/approvals"])
+@pytest.mark.parametrize(
+    ("odd", "refusal"),
+    [
+        ("../approvals", (404, "not_found")),  # an encoded slash names nothing
+        ("x?status=pending", (400, "invalid_request")),  # one segment, and no id's form
+        ("%2e%2e/approvals", (404, "not_found")),
+    ],
+)
 async def test_an_id_is_one_path_segment_whatever_it_holds(
-    as_user: Callable[..., AsyncClient], odd: str
+    as_user: Callable[..., AsyncClient], odd: str, refusal: tuple[int, str]
 ) -> None:
     """Ids can come from a model's output: none may point a request, with the user's
     token, at another endpoint or query."""
@@ -247,7 +254,7 @@ async def test_an_id_is_one_path_segment_whatever_it_holds(
         for read in (alice.call, alice.run):
             with pytest.raises(ToolgateError) as refused:
                 await read(odd)
-            assert (refused.value.status, refused.value.code) == (404, "not_found")
+            assert (refused.value.status, refused.value.code) == refusal
 
 
 def answered(status: int, code: str) -> httpx.Response:

@@ -386,7 +386,9 @@ async def test_a_call_approved_outside_a_run_is_not_run_on_the_runs_account(
     assert await effects(providers, REFUNDS) == 0
 
 
-@pytest.mark.parametrize("malformed", [12345, ["run"], {"id": "run"}, "run_\x00x", "run_\ud800"])
+@pytest.mark.parametrize(
+    "malformed", [12345, ["run"], {"id": "run"}, "run_\x00x", "run_\ud800", "", " ", "run x"]
+)
 @pytest.mark.parametrize(
     ("tool", "args", "path"),
     [
@@ -485,6 +487,21 @@ async def test_the_stateless_endpoint_opens_no_stream_and_ends_no_session(
             )
             assert answer.status_code == 405, answer.text
             assert answer.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+async def test_a_body_not_declared_json_is_a_problem_not_plain_text(
+    servers: list[Instance], auth: Auth, content_type: str | None
+) -> None:
+    body = json.dumps(envelope(1, "get_order", {"order_id": "ord_1"}))
+    headers = {**auth(), "Accept": "application/json, text/event-stream"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    async with httpx.AsyncClient(base_url=servers[0].url) as http:
+        answer = await http.post("/mcp", content=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["code"] == "invalid_request"
 
 
 async def test_a_request_state_naming_a_call_that_awaits_no_approval_is_refused(

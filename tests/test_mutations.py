@@ -271,12 +271,12 @@ async def test_a_catalog_change_between_approval_and_execution_is_a_mismatch(
 async def test_the_approver_must_hold_authority_in_the_actors_tenant(flow: Flow) -> None:
     proposal = await flow.propose("issue_refund", refund_args())
     preview = await flow.dry_run(proposal["call_id"])
-    for who in (
-        {"sub": "dave", "roles": "customer"},
-        {"sub": "carol", "tenant": "globex", "roles": "finance_approver"},
-    ):
-        response = await flow.approve(proposal["call_id"], preview["snapshot_hash"], who)
-        assert (response.status_code, response.json()["code"]) == (403, "approver_forbidden")
+    dave = {"sub": "dave", "roles": "customer"}
+    response = await flow.approve(proposal["call_id"], preview["snapshot_hash"], dave)
+    assert (response.status_code, response.json()["code"]) == (403, "approver_forbidden")
+    carol = {"sub": "carol", "tenant": "globex", "roles": "finance_approver"}
+    response = await flow.approve(proposal["call_id"], preview["snapshot_hash"], carol)
+    assert (response.status_code, response.json()["code"]) == (404, "not_found")  # as missing
     own = await flow.approve(proposal["call_id"], preview["snapshot_hash"], ALICE)
     assert own.status_code == 200, "issue_refund lists owner: the actor may approve"
 

@@ -8,7 +8,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field
 
-from app.bodies import Body, Text
+from app.bodies import Body, Id, Text
 from app.calls import answers
 
 BINDING_FIELDS = (
@@ -23,7 +23,7 @@ BINDING_FIELDS = (
 
 
 class ApproveBody(Body):
-    call_id: Text = Field(min_length=1, max_length=200)
+    call_id: Id
     snapshot_hash: Text | None = Field(max_length=200)
     decision: Literal["approve", "reject"]
     comment: Text | None = Field(default=None, max_length=2000)

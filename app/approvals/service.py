@@ -44,10 +44,8 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
     async with state.db.connection() as conn:
         call = await calls.get(conn, body.call_id)
         latest = await calls.latest_dry_run(conn, body.call_id) if call else None
-    if call is None:
+    if call is None or call.tenant != principal.tenant:  # another tenant's looks missing
         raise NotFound("no such call")
-    if call.tenant != principal.tenant:
-        raise ApproverForbidden("you may not decide this call")
     tool = catalog.tools.get(call.tool)
     if tool is None or tool.approval is None or call.impact != "high" or call.arguments is None:
         raise InvalidRequest("this call does not await an approval", call_id=call.id)
@@ -231,7 +229,7 @@ async def inbox(
     up to ``PAGE_SIZE`` of their requests, and its cursor is the last request it shows, present
     when the page is full: it never names a call the caller may not see."""
     before = None
-    if cursor:
+    if cursor is not None:
         stamp, call_id = cursors.decode(cursor, 2)
         before = (cursors.instant(stamp), call_id)
     catalog = state.catalog

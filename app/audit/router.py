@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from app.audit import service
 from app.audit.models import AuditFilter, AuditPage, Event, Verification
+from app.bodies import ID_PATTERN
 from app.deps import AUTHENTICATED, CurrentPrincipal, State
 from app.errors import Forbidden, InvalidRequest
 from app.responses import CLIENT_GONE, JSON, problems
@@ -34,6 +35,8 @@ def _instant(name: str, value: str | None) -> datetime | None:
         raise InvalidRequest(f"{name} is not a valid date-time") from None
 
 
+QueryId = Annotated[str | None, Query(pattern=ID_PATTERN)]
+"""A call or run id to filter by: given empty, it is malformed, not "any"."""
 FILTERS = ("tenant", "actor", "tool", "call_id", "run_id", "event", "since", "until")
 
 
@@ -53,8 +56,8 @@ async def audit_filter(
     tenant: str | None = None,
     actor: str | None = None,
     tool: str | None = None,
-    call_id: str | None = None,
-    run_id: str | None = None,
+    call_id: QueryId = None,
+    run_id: QueryId = None,
     event: Event | None = None,
     since: str | None = None,
     until: str | None = None,

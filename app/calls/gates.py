@@ -22,6 +22,7 @@ from app.errors import (
     ApprovalRequired,
     ApprovalStale,
     DryRunRequired,
+    NotFound,
     ProviderTimeout,
     ProviderUnavailable,
 )
@@ -194,6 +195,18 @@ async def require_dry_run(state: AppState, authorized: Authorized, dry_run_id: s
             conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
         )
     _check_fresh(dry_run)
+
+
+async def named_dry_run(state: AppState, authorized: Authorized, dry_run_id: str) -> None:
+    """A dry-run the request names where no gate needs one must still be this actor's
+    dry-run of these arguments: an id that is given is honoured or refused, never ignored."""
+    call, principal = authorized.call, authorized.principal
+    async with state.db.connection() as conn:
+        dry_run = await store.dry_run_for(
+            conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
+        )
+    if dry_run is None:
+        raise NotFound("no such dry-run of these arguments")
 
 
 def _check_fresh(dry_run: DryRunRow | None) -> None:

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from pydantic import Field, model_validator
 
 from app.auth.principal import Principal
-from app.bodies import Body, JsonObject, Text
+from app.bodies import Body, Id, JsonObject
 from app.calls.policy import Decision, PreparedCall
 from app.catalog.models import Catalog, Tool
 from app.errors import IdempotencyKeyInvalid, IdempotencyKeyMissing
@@ -22,8 +22,8 @@ class ProposeBody(Body):
     tool: str = Field(min_length=1, max_length=200)
     """Not ``Text``: a name that cannot be stored is an unknown tool, recorded as such."""
     arguments: JsonObject
-    run_id: Text | None = Field(default=None, max_length=200)
-    tool_call_id: Text | None = Field(default=None, max_length=200)
+    run_id: Id | None = None
+    tool_call_id: Id | None = None
 
 
 class ExecuteBody(Body):
@@ -32,10 +32,10 @@ class ExecuteBody(Body):
 
     tool: str | None = Field(default=None, min_length=1, max_length=200)
     arguments: JsonObject | None = None
-    approval_id: Text | None = Field(default=None, max_length=200)
-    dry_run_id: Text | None = Field(default=None, max_length=200)
-    call_id: Text | None = Field(default=None, max_length=200)
-    run_id: Text | None = Field(default=None, max_length=200)
+    approval_id: Id | None = None
+    dry_run_id: Id | None = None
+    call_id: Id | None = None
+    run_id: Id | None = None
 
     @model_validator(mode="after")
     def _names_a_call(self) -> ExecuteBody:
@@ -206,7 +206,7 @@ class CallRow(NamedTuple):
 
 
 class DryRunBody(Body):
-    call_id: Text = Field(min_length=1, max_length=200)
+    call_id: Id
 
 
 class DryRunRow(NamedTuple):

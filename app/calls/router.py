@@ -13,7 +13,7 @@ from app import errors
 from app.calls import history, service
 from app.calls.answers import CallHistory, Execution, Preview, Proposal
 from app.calls.models import DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
-from app.deps import AUTHENTICATED, CurrentPrincipal, State
+from app.deps import AUTHENTICATED, CurrentPrincipal, PathId, State
 from app.responses import JSON, problems
 from app.routing import DecisionRoute, operation_id
 
@@ -89,7 +89,7 @@ async def execute(
     responses=problems(*AUTHENTICATED, errors.NotFound),
 )
 async def call_history(
-    call_id: str, principal: CurrentPrincipal, state: State, wait: float | None = None
+    call_id: PathId, principal: CurrentPrincipal, state: State, wait: float | None = None
 ) -> JSON:
     """``wait=S``: answer once the call leaves a waiting state, or after S seconds."""
     return JSON(await history.history_after(state, principal, call_id, wait))

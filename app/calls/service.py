@@ -46,7 +46,13 @@ from app.calls.recording import (
 from app.calls.results import classify, result_body
 from app.canonical import digest
 from app.db import Connection, Database
-from app.errors import ApprovalMismatch, InvalidRequest, ProviderTimeout, ProviderUnavailable
+from app.errors import (
+    ApprovalMismatch,
+    InvalidRequest,
+    NotFound,
+    ProviderTimeout,
+    ProviderUnavailable,
+)
 from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
 from app.state import AppState
@@ -119,11 +125,12 @@ async def execute(
 ) -> Answer:
     """Run a call now, re-authorized from scratch: reads here, mutations exactly once. A
     call named by ``call_id`` or ``approval_id`` runs in that call's run, and no other."""
-    existing = await visible_call(state, principal, body.call_id) if body.call_id else None
-    named = existing or await approved_call(state, principal, body.approval_id)
+    existing = None if body.call_id is None else await visible_call(state, principal, body.call_id)
+    approved = await approved_call(state, principal, body.approval_id)
+    named = existing or approved
     if named is not None and body.run_id not in (None, named.run_id):
         raise InvalidRequest("run_id differs from the run of the call it executes")
-    run_id = body.run_id or (named.run_id if named else None)
+    run_id = body.run_id if body.run_id is not None else named.run_id if named else None
     tool_name, arguments = _what_to_run(body, existing)
     request = Request.under(state.catalog, principal, tool_name, arguments, run_id)
     await check_run(state, principal, run_id)
@@ -131,6 +138,11 @@ async def execute(
     authorized = await authorize(
         state, request, call_id, existing, own_arguments=body.arguments is None
     )
+    if authorized.decision.impact != "high":  # else the approval's gate judges both ids
+        if body.approval_id is not None and approved is None:
+            raise NotFound("no such approval", call_id=call_id if existing else None)
+        if body.dry_run_id is not None and not authorized.tool.require_dry_run:
+            await gates.named_dry_run(state, authorized, body.dry_run_id)
     if authorized.tool.mutation:
         execution = mutation.Execution(
             state, authorized, key.required(), existing, body.approval_id, body.dry_run_id
@@ -144,7 +156,7 @@ def _what_to_run(body: ExecuteBody, existing: CallRow | None) -> tuple[str, Any]
     names (its normalized arguments, which decide to themselves). A tool other than the
     call's is refused before anything is decided or recorded on that call."""
     if existing is None:
-        assert body.tool is not None
+        assert body.tool is not None  # ExecuteBody requires both without a call_id
         assert body.arguments is not None
         return body.tool, body.arguments
     if body.tool is not None and body.tool != existing.tool:

@@ -17,6 +17,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from app.deps import PathId
 from app.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
@@ -59,7 +60,7 @@ async def audit() -> Response:
 
 
 @router.get("/console/calls/{call_id}")
-async def call(call_id: str) -> Response:
+async def call(call_id: PathId) -> Response:
     """The same page: the script reads the call id from the address."""
     return _page()
 

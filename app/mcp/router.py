@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from app.deps import bearer_token, state_of
-from app.errors import ToolgateError
+from app.errors import InvalidRequest, ToolgateError
 from app.mcp import server
 from app.mcp.caller import SCOPE_KEY, Caller
 from app.responses import JSON, problem
@@ -77,8 +77,19 @@ class Endpoint:
             }
             await problem(error, challenge if error.status == 401 else None)(scope, receive, send)
             return
+        if not _declared_json(request):
+            await problem(
+                InvalidRequest("an MCP request must be JSON (Content-Type: application/json)")
+            )(scope, receive, send)
+            return
         scope[SCOPE_KEY] = Caller.verified(state, principal, token, base_url)
         await self.manager.handle_request(scope, receive, send)
+
+
+def _declared_json(request: Request) -> bool:
+    """The content type the SDK's transport takes (``application/json``, any parameters):
+    it refuses any other in plain text, which is neither a problem nor JSON-RPC."""
+    return request.headers.get("content-type", "").lower().startswith("application/json")
 
 
 async def metadata(request: Request) -> JSON:

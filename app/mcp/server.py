@@ -20,7 +20,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
-from app import recordable
+from app.bodies import is_id
 from app.catalog.listing import listing
 from app.errors import InvalidRequest
 from app.mcp import calls
@@ -56,11 +56,10 @@ async def call_tool(
     caller = Caller.of(ctx.request)
     meta = params.meta or {}
     run_id = meta.get("run_id")
-    if run_id is not None and not (isinstance(run_id, str) and recordable.storable(run_id)):
-        # Taken as absent, the call would escape the limits of the run its client meant; it
-        # is looked up (a standing call) before any body validates it, so it must be text
-        # PostgreSQL can hold.
-        return result(calls.Refused(InvalidRequest("_meta.run_id must be a run id (a string)")))
+    if run_id is not None and not is_id(run_id):
+        # Taken as absent (empty, say), the call would escape the limits of the run its
+        # client meant; it is looked up (a standing call) before any body validates it.
+        return result(calls.Refused(InvalidRequest("_meta.run_id must be a run id")))
     answer = (params.input_responses or {}).get(calls.APPROVAL)
     ask = calls.Ask(
         principal=caller.principal,

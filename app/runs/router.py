@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.deps import AUTHENTICATED, CurrentPrincipal, State
+from app.deps import AUTHENTICATED, CurrentPrincipal, PathId, State
 from app.errors import ContentTooLarge, NotFound
 from app.responses import JSON, problems
 from app.runs import service
@@ -24,7 +24,7 @@ async def create_run(
 
 
 @router.get("/runs/{run_id}", response_model=Run, responses=problems(*AUTHENTICATED, NotFound))
-async def read_run(run_id: str, principal: CurrentPrincipal, state: State) -> JSON:
+async def read_run(run_id: PathId, principal: CurrentPrincipal, state: State) -> JSON:
     return JSON(await service.read(state, principal, run_id))
 
 
@@ -34,6 +34,6 @@ async def read_run(run_id: str, principal: CurrentPrincipal, state: State) -> JS
     responses=problems(*AUTHENTICATED, ContentTooLarge, NotFound),
 )
 async def finish_run(
-    run_id: str, body: FinishBody, principal: CurrentPrincipal, state: State
+    run_id: PathId, body: FinishBody, principal: CurrentPrincipal, state: State
 ) -> JSON:
     return JSON(await service.finish(state, principal, run_id, body))
