@@ -33,6 +33,84 @@ DESCRIPTION = (
     " every error is an RFC 9457 problem (`application/problem+json`) with a stable `code`."
 )
 _VALIDATION = "#/components/schemas/HTTPValidationError"
+_AS_LINKED = {"x-schemathesis": {"merge_body": False}}
+"""A linked request's body is exactly the link's (no generated members merged in), so the
+next step runs the call the previous one answered."""
+_CALL = "$response.body#/call_id"
+
+
+def _link(operation: str, description: str, **target: Any) -> dict[str, Any]:
+    return {"operationId": operation, "description": description, **target}
+
+
+LINKS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    ("/propose", "post"): {
+        "DryRun": _link(
+            "dry_run", "Preview the proposed call", requestBody={"call_id": _CALL}, **_AS_LINKED
+        ),
+        "Execute": _link(
+            "execute",
+            "Run the proposed call by its id (a mutation's key made from the call id)",
+            requestBody={"call_id": _CALL},
+            parameters={"header.Idempotency-Key": _CALL},
+            **_AS_LINKED,
+        ),
+        "History": _link("call_history", "Read the call", parameters={"path.call_id": _CALL}),
+    },
+    ("/dry-run", "post"): {
+        "Approve": _link(
+            "approve",
+            "Approve exactly what the preview showed (as one of the call's approvers)",
+            requestBody={
+                "call_id": _CALL,
+                "snapshot_hash": "$response.body#/snapshot_hash",
+                "decision": "approve",
+            },
+            **_AS_LINKED,
+        ),
+        "Execute": _link(
+            "execute",
+            "Run the previewed call",
+            requestBody={"call_id": _CALL, "dry_run_id": "$response.body#/dry_run_id"},
+            parameters={"header.Idempotency-Key": _CALL},
+            **_AS_LINKED,
+        ),
+    },
+    ("/approve", "post"): {
+        "Execute": _link(
+            "execute",
+            "Run the approved call under its approval",
+            requestBody={"call_id": _CALL, "approval_id": "$response.body#/approval_id"},
+            parameters={"header.Idempotency-Key": _CALL},
+            **_AS_LINKED,
+        ),
+        "History": _link(
+            "call_history", "Read the decided call", parameters={"path.call_id": _CALL}
+        ),
+    },
+    ("/execute", "post"): {
+        "History": _link(
+            "call_history", "Read the executed call", parameters={"path.call_id": _CALL}
+        ),
+    },
+    ("/runs", "post"): {
+        "Read": _link(
+            "read_run", "Read the run", parameters={"path.run_id": "$response.body#/run_id"}
+        ),
+        "Finish": _link(
+            "finish_run", "End the run", parameters={"path.run_id": "$response.body#/run_id"}
+        ),
+        "Propose": _link(
+            "propose", "Propose a call in the run", requestBody={"run_id": "$response.body#/run_id"}
+        ),
+        "Execute": _link(
+            "execute", "Run a call in the run", requestBody={"run_id": "$response.body#/run_id"}
+        ),
+    },
+}
+"""How operations connect (OpenAPI links): propose, dry-run, approve and execute by
+``call_id``, and a run's id into the calls made in it. A client, or a fuzzer testing
+statefully, can follow them from one answer to the next request."""
 
 
 def document(app: FastAPI) -> dict[str, Any]:
@@ -56,12 +134,16 @@ def document(app: FastAPI) -> dict[str, Any]:
         if not isinstance(route, APIRoute) or not route.include_in_schema:
             continue
         for method in route.methods or ():
-            operation = doc["paths"][context.path][method.lower()]
+            path = route.path_format
+            operation = doc["paths"][path][method.lower()]
             responses = operation["responses"]
             if _VALIDATION in json.dumps(responses.get("422", {})):
                 del responses["422"]
             if _authenticates(route.dependant):
                 operation["security"] = [{BEARER: []}]
+            links = LINKS.get((path, method.lower()))
+            if links is not None:
+                responses["200"]["links"] = links
     return doc
 
 

@@ -19,7 +19,10 @@ from app.responses import CLIENT_GONE, JSON, problems
 
 router = APIRouter(responses=problems(*AUTHENTICATED, Forbidden))
 
-_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
+RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+_RFC3339 = re.compile(RFC3339)
+Instant = Annotated[str | None, Query(pattern=RFC3339)]
+"""A date-time in the query, documented as the form ``_instant`` takes."""
 
 
 def _instant(name: str, value: str | None) -> datetime | None:
@@ -59,8 +62,8 @@ async def audit_filter(
     call_id: QueryId = None,
     run_id: QueryId = None,
     event: Event | None = None,
-    since: str | None = None,
-    until: str | None = None,
+    since: Instant = None,
+    until: Instant = None,
 ) -> AuditFilter:
     """The filters of docs/api.md from the query; ``since`` inclusive, ``until`` exclusive."""
     return AuditFilter(

@@ -89,10 +89,11 @@ class Execution(BaseModel):
 
 
 class CallProposal(BaseModel):
-    """``arguments`` has sensitive values masked; ``sensitive_arguments`` shows them, only to
+    """``arguments`` has sensitive values masked (``null``: the call was refused before its
+    arguments were valid, and none were stored); ``sensitive_arguments`` shows them, only to
     a caller who may decide the call now."""
 
-    arguments: dict[str, Any]
+    arguments: dict[str, Any] | None
     fingerprint: str | None
     target: Target | None
     mutation: bool | None

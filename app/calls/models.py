@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from app.auth.principal import Principal
 from app.bodies import Body, Id, JsonObject
@@ -37,6 +37,18 @@ class ExecuteBody(Body):
     call_id: Id | None = None
     run_id: Id | None = None
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["call_id"], "properties": {"call_id": {"type": "string"}}},
+                {
+                    "required": ["tool", "arguments"],
+                    "properties": {"tool": {"type": "string"}, "arguments": {"type": "object"}},
+                },
+            ]
+        }
+    )
+
     @model_validator(mode="after")
     def _names_a_call(self) -> ExecuteBody:
         if self.call_id is None and (self.tool is None or self.arguments is None):
@@ -45,6 +57,8 @@ class ExecuteBody(Body):
 
 
 _KEY = re.compile(r'"([A-Za-z0-9_-]{16,255})"|([A-Za-z0-9_-]{16,255})')
+IDEMPOTENCY_KEY_PATTERN = r'^("[A-Za-z0-9_-]{16,255}"|[A-Za-z0-9_-]{16,255})$'
+"""The same form, as the OpenAPI document states it (the header is judged by ``_KEY``)."""
 
 
 class IdempotencyKey(NamedTuple):

@@ -7,12 +7,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Query
 
 from app import errors
-from app.calls import history, service
+from app.calls import history, service, waiting
 from app.calls.answers import CallHistory, Execution, Preview, Proposal
-from app.calls.models import DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
+from app.calls.models import (
+    IDEMPOTENCY_KEY_PATTERN,
+    DryRunBody,
+    ExecuteBody,
+    IdempotencyKey,
+    ProposeBody,
+)
 from app.deps import AUTHENTICATED, CurrentPrincipal, PathId, State
 from app.responses import JSON, problems
 from app.routing import DecisionRoute, operation_id
@@ -75,7 +81,9 @@ async def execute(
     principal: CurrentPrincipal,
     state: State,
     body: ExecuteBody,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", pattern=IDEMPOTENCY_KEY_PATTERN)
+    ] = None,
 ) -> JSON:
     """``Idempotency-Key`` is required for a mutation (checked once it is authorized)."""
     key = IdempotencyKey.parse(idempotency_key)
@@ -89,7 +97,10 @@ async def execute(
     responses=problems(*AUTHENTICATED, errors.NotFound),
 )
 async def call_history(
-    call_id: PathId, principal: CurrentPrincipal, state: State, wait: float | None = None
+    call_id: PathId,
+    principal: CurrentPrincipal,
+    state: State,
+    wait: Annotated[float | None, Query(gt=0, le=waiting.MAX_WAIT_S)] = None,
 ) -> JSON:
     """``wait=S``: answer once the call leaves a waiting state, or after S seconds."""
     return JSON(await history.history_after(state, principal, call_id, wait))
