@@ -1,5 +1,5 @@
-"""The PostgreSQL facade: a pool, explicit transactions, single statements committed in
-batches with concurrent requests' (group commit), and failures mapped to 503.
+"""The PostgreSQL facade: a pool, explicit transactions, single statements committed
+together with concurrent requests' (group commit), and failures mapped to 503.
 
 Only this module imports asyncpg. SQL lives in each capability's ``store`` module and takes
 a ``Connection`` from here; the use case owns the transaction.
@@ -13,12 +13,12 @@ import hashlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from enum import IntEnum, unique
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import asyncpg
 import orjson
@@ -26,7 +26,7 @@ import orjson
 from app.errors import Unavailable
 from app.settings import ConfigError
 
-Connection: TypeAlias = asyncpg.Connection
+Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
 Record: TypeAlias = asyncpg.Record
 DatabaseError = asyncpg.PostgresError
 """An error the database answered a statement with."""
@@ -161,30 +161,50 @@ class Pooled:
 
 Queued: TypeAlias = tuple[Sequence[Any], asyncio.Future[Any]]
 """A statement's arguments, and its caller's future."""
+MAX_GROUP = 256
+"""The most statements one group commit sends (rule 3)."""
 
 
-class Batch:
-    """One statement that concurrent requests each run with their own arguments, sent
-    together: ``await batch.fetchval(args)`` returns the first value of the one row the
-    statement returns with ``args``, once it has committed. While one batch is being
-    written, the arguments that arrive queue up and go in the next one: one pooled
-    connection, one round trip and one commit for all of them (``fetchmany``, atomic)
-    instead of a pool checkout, a round trip and a commit each. Under load that is most of
-    what storing a call costs the worker and PostgreSQL; with no other request about, a
-    batch holds one statement and waits for none.
+class Statements(Protocol):
+    """What a group commit needs of a connection (an asyncpg ``Connection``; a fake in
+    unit tests)."""
 
-    If the database refuses a batch (nothing of it is stored), each statement runs again on
-    its own, so only one at fault fails; connection trouble fails every caller of the batch
-    with ``Unavailable``, as it would have failed each of them on its own."""
+    async def fetchmany(self, query: str, args: Iterable[Sequence[Any]]) -> list[Record]: ...
 
-    __slots__ = ("_db", "_queued", "_sql", "_writer")
+    async def fetchval(self, query: str, *args: Any) -> Any: ...
 
-    def __init__(self, db: Database, sql: str) -> None:
-        self._db, self._sql = db, sql
+
+class GroupCommit:
+    """Group commit of one statement that concurrent requests each run with their own
+    arguments: ``await group.commit(args)`` returns the first value of the one row the
+    statement returns with ``args``, once it has committed. Under load this is most of what
+    storing a call costs the worker and PostgreSQL; with no other request about, a group
+    holds one statement and waits for none. The rules:
+
+    1. A statement that arrives while no group is being written starts one at once; those
+       that arrive while one is written queue and go together in the next group.
+    2. A group of several is one ``fetchmany`` on one pooled connection: one round trip and
+       one transaction, atomic (all of it is stored, or none).
+    3. A group holds at most ``MAX_GROUP`` statements; the rest of the queue waits for the
+       next group.
+    4. Each statement must return one row, and each caller gets the first value of its own
+       row: a group that does not return one row per statement fails every caller of it
+       (whose row is whose is unknown).
+    5. If the database refuses a group, nothing of it is stored, and each of its statements
+       runs again on its own, so that only a faulty one fails.
+    6. Connection trouble fails every caller of the group with an ``Unavailable`` of its
+       own (a caller may add to its error, which must not reach another request).
+    7. A caller that was cancelled is not woken; its statement may still commit.
+    """
+
+    __slots__ = ("_connect", "_queued", "_sql", "_writer")
+
+    def __init__(self, connect: Callable[[], AbstractAsyncContextManager[Statements]], sql: str):
+        self._connect, self._sql = connect, sql
         self._queued: list[Queued] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def fetchval(self, args: Sequence[Any]) -> Any:
+    async def commit(self, args: Sequence[Any]) -> Any:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queued.append((args, done))
         if self._writer is None:
@@ -194,37 +214,38 @@ class Batch:
     async def _write(self) -> None:
         try:
             while self._queued:
-                batch, self._queued = self._queued, []
+                group = self._queued[:MAX_GROUP]
+                del self._queued[:MAX_GROUP]
                 try:
-                    await self._send(batch)
+                    await self._send(group)
                 except BaseException as exc:  # cancelled: the pool is closing
-                    _fail(batch, exc)
+                    _fail(group, exc)
                     raise
         finally:
             self._writer = None
             _fail(self._queued, None)
             self._queued = []
 
-    async def _send(self, batch: list[Queued]) -> None:
-        if len(batch) > 1:
+    async def _send(self, group: list[Queued]) -> None:
+        if len(group) > 1:
             try:
-                async with self._db.connection() as conn:
-                    rows = await conn.fetchmany(self._sql, [args for args, _ in batch])
+                async with self._connect() as conn:
+                    rows = await conn.fetchmany(self._sql, [args for args, _ in group])
             except Unavailable as exc:
-                _fail(batch, exc)
+                _fail(group, exc)
                 return
             except Exception:
                 pass  # each on its own below, so that only a faulty statement fails
             else:
-                if len(rows) != len(batch):  # stored, but whose row is whose is unknown
-                    _fail(batch, RuntimeError(f"not one row per statement: {self._sql}"))
+                if len(rows) != len(group):  # stored, but whose row is whose is unknown
+                    _fail(group, RuntimeError(f"not one row per statement: {self._sql}"))
                     return
-                for (_, done), row in zip(batch, rows, strict=True):
+                for (_, done), row in zip(group, rows, strict=True):
                     _wake(done, row[0])
                 return
-        for args, done in batch:
+        for args, done in group:
             try:
-                async with self._db.connection() as conn:
+                async with self._connect() as conn:
                     value = await conn.fetchval(self._sql, *args)
             except Exception as exc:
                 _wake(done, error=exc)
@@ -241,10 +262,9 @@ def _wake(done: asyncio.Future[Any], value: Any = None, error: BaseException | N
             done.set_exception(error)
 
 
-def _fail(batch: list[Queued], cause: BaseException | None) -> None:
-    """``Unavailable`` for each waiting caller of ``batch``, an instance of its own: a caller
-    may add to its error (``extra``), which must not reach another request's answer."""
-    for _, done in batch:
+def _fail(group: list[Queued], cause: BaseException | None) -> None:
+    """``Unavailable`` for each waiting caller of ``group``, an instance of its own."""
+    for _, done in group:
         error = Unavailable("database unavailable")
         error.__cause__ = cause
         _wake(done, error=error)
@@ -254,7 +274,7 @@ class Database:
     def __init__(self, url: str) -> None:
         self._url = url
         self._pool: asyncpg.Pool | None = None
-        self._batches: dict[str, Batch] = {}
+        self._groups: dict[str, GroupCommit] = {}
 
     async def open(self, min_size: int = 2, max_size: int = 20) -> None:
         try:
@@ -288,15 +308,14 @@ class Database:
                     conn.terminate()
                 raise
 
-    async def fetchval(self, sql: str, *args: Any) -> Any:
+    async def group_commit(self, sql: str, *args: Any) -> Any:
         """The first value of the one row ``sql`` returns, in a transaction of its own that
-        it shares with concurrent callers of the same statement (``Batch``). For a statement
-        atomic by itself: a store function that takes a ``Connection`` for its single
-        statement can take the ``Database`` instead, outside a transaction."""
-        batch = self._batches.get(sql)
-        if batch is None:
-            batch = self._batches[sql] = Batch(self, sql)
-        return await batch.fetchval(args)
+        it shares with concurrent callers of the same statement (``GroupCommit``). For a
+        statement atomic by itself; store functions reach it through ``write_one``."""
+        group = self._groups.get(sql)
+        if group is None:
+            group = self._groups[sql] = GroupCommit(self.connection, sql)
+        return await group.commit(args)
 
     def connection(self) -> Pooled:
         """A connection for reads outside an explicit transaction."""
@@ -362,6 +381,27 @@ class Database:
                 return bool(await conn.fetchval("SELECT 1"))
         except Unavailable:
             return False
+
+
+Writer: TypeAlias = "Connection | Database"
+"""Where a single statement that is atomic by itself is written: a connection (inside a
+use case's transaction), or the database (outside one: committed by group commit)."""
+
+
+async def write_one(writer: Writer, sql: str, *args: Any) -> Any:
+    """The first value of the one row ``sql`` returns: on the transaction's connection, or
+    through the database's group commit."""
+    if isinstance(writer, Database):
+        return await writer.group_commit(sql, *args)
+    return await writer.fetchval(sql, *args)
+
+
+async def one_row(conn: Connection, sql: str, *args: Any) -> Record:
+    """The row of a statement that always returns exactly one (an aggregate)."""
+    row = await conn.fetchrow(sql, *args)
+    if row is None:
+        raise RuntimeError(f"no row from a statement that always returns one: {sql}")
+    return row
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,7 @@ async def test_a_read_reaches_the_model_as_the_providers_untrusted_result(
     assert (answer["status"], answer["trust"]) == ("succeeded", "untrusted")
     assert answer["result"]["id"] == "ord_1"
     row = await db.fetchrow("SELECT tool, tool_call_id, run_id, state FROM calls")
+    assert row is not None
     assert (row["tool"], row["tool_call_id"], row["state"]) == ("get_order", "tc_1", "succeeded")
     assert row["run_id"] is not None
 

@@ -69,7 +69,7 @@ class Explaining:
     async def fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
         plan = await self.conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
         self.plans.append(json.loads(plan)[0]["Plan"])
-        return await self.conn.fetch(sql, *args)  # type: ignore[no-any-return]
+        return await self.conn.fetch(sql, *args)
 
 
 def approvals_read(plan: dict[str, Any]) -> int:

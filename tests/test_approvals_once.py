@@ -183,7 +183,7 @@ async def test_an_approval_cannot_run_another_call_with_the_same_arguments(
     )
     refused(response, 403, "approval_required")
     assert await effects(providers) == 0
-    states = dict(await db.fetch("SELECT id, state FROM calls"))
+    states = {r["id"]: r["state"] for r in await db.fetch("SELECT id, state FROM calls")}
     assert states == {approved: "approved", other: "rejected", third: "awaiting_approval"}
 
 

@@ -101,10 +101,11 @@ async def wait_until_sealed(db: asyncpg.Connection, expected: int) -> float:
             "SELECT count(*) AS rows, count(*) FILTER (WHERE s.seq IS NULL) AS unsealed"
             " FROM audit_events e LEFT JOIN audit_seals s ON s.seq = e.seq AND s.at = e.at"
         )
+        assert counts is not None
         if counts["rows"] == expected and counts["unsealed"] == 0:
             return time.monotonic() - started
         await asyncio.sleep(0.02)
-    raise AssertionError(f"not sealed within {SEAL_BOUND_S} s: {dict(counts)}")
+    raise AssertionError(f"not sealed within {SEAL_BOUND_S} s: {counts!r}")
 
 
 async def tamper(db: asyncpg.Connection, sql: str) -> None:
@@ -236,7 +237,9 @@ async def test_a_sealed_row_rehashed_by_hand_breaks_the_link_to_the_next(
 ) -> None:
     await insert(db, 4)
     await sealer.seal_all(database)
-    row = AuditRow(**dict(await db.fetchrow(f"{AUDIT_ROWS} WHERE e.seq = 2")))
+    stored = await db.fetchrow(f"{AUDIT_ROWS} WHERE e.seq = 2")
+    assert stored is not None
+    row = AuditRow(**dict(stored))
     forged = AuditRow(**{**row.__dict__, "reason": "forged"})
     new_hash = row_hash(forged, row.prev_hash or "")
     await tamper(

@@ -140,6 +140,7 @@ async def test_old_months_are_archived_dropped_and_verified_across_the_archive(
     contents = [(tmp_path / r["file"]).read_bytes() for r in records]
     assert b"".join(contents).splitlines() == items[:6], "exactly the export's items"
     anchor = await trail.conn.fetchrow("SELECT chain_pos, hash FROM audit_anchor")
+    assert anchor is not None
     assert tuple(anchor) == (6, records[1]["last_hash"])
     report = await verify(trail.db)
     assert (report.ok, report.checked, report.removed_through) == (True, 3, 6), report
@@ -452,7 +453,8 @@ async def test_a_checkpoint_of_a_removed_position_newer_than_the_retention_fails
     await write(trail.conn, A, 2)
     await write(trail.conn, B, 2)
     await sealer.seal_all(trail.db, grace_s=0, key=key)
-    hashes = dict(await trail.conn.fetch("SELECT chain_pos, hash FROM audit_seals"))
+    seals = await trail.conn.fetch("SELECT chain_pos, hash FROM audit_seals")
+    hashes = {r["chain_pos"]: r["hash"] for r in seals}
     assert await archive.remove_months(trail.db, end_of(A), None) == 2
 
     def signed_at(position: int, at: datetime) -> tuple[int, Checkpoint]:

@@ -52,6 +52,7 @@ async def test_a_reload_during_a_dry_run_does_not_change_the_policy_version_it_r
     stored = await db.fetchrow(
         "SELECT policy_version FROM dry_runs WHERE id = $1", answer["dry_run_id"]
     )
+    assert stored is not None
     audited = await db.fetchval(
         "SELECT policy_version FROM audit_events WHERE call_id = $1 AND event = 'dry_run'",
         proposal["call_id"],

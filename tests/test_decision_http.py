@@ -44,6 +44,7 @@ async def test_a_read_proposal_is_allowed_and_recorded(
         "policy_version": body["policy_version"],
     }
     row = await db.fetchrow("SELECT * FROM calls WHERE id = $1", body["call_id"])
+    assert row is not None
     assert (row["decision"], row["state"], row["actor"]) == ("allow", "proposed", "alice")
     [event] = await audit_events(db)
     assert (event["event"], event["call_id"], event["decision"]) == (

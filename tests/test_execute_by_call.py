@@ -43,6 +43,7 @@ async def test_an_approved_refund_runs_by_call_id_alone_once(
     assert (other_key.status_code, other_key.json()["code"]) == (409, "approval_consumed")
     assert await effects(providers) == 1
     row = await db.fetchrow("SELECT approval_id, state FROM executions")
+    assert row is not None
     assert (row["approval_id"], row["state"]) == (approval_id, "succeeded")
 
 

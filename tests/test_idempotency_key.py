@@ -54,7 +54,7 @@ async def test_a_denied_mutation_without_a_key_is_answered_and_recorded_as_its_d
 ) -> None:
     response = await flow.execute("issue_refund", refund_args(customer_id="dave"), None)
     assert (response.status_code, response.json()["code"]) == (403, "identity_spoof")
-    assert await db.fetch("SELECT decision, code, state FROM calls") == [
+    assert [tuple(r) for r in await db.fetch("SELECT decision, code, state FROM calls")] == [
         ("deny", "identity_spoof", "denied")
     ]
     assert (await providers.stats())["effects_by_path"].get("/billing/refunds", 0) == 0

@@ -88,12 +88,14 @@ async def test_an_argument_that_cannot_be_stored_is_refused_recorded_and_readabl
     assert body["errors"]
     assert all(error["path"].startswith("/n") for error in body["errors"])
     call = await db.fetchrow("SELECT * FROM calls WHERE id = $1", body["call_id"])
+    assert call is not None
     assert (call["decision"], call["code"], call["arguments"]) == (
         "deny",
         "invalid_arguments",
         None,
     )
     event = await db.fetchrow("SELECT * FROM audit_events WHERE call_id = $1", body["call_id"])
+    assert event is not None
     assert event["arguments"] == {"order_id": "ord_1", "n": recorded}
     await sealed(db)
     await assert_readable(client, auth, body["call_id"])
@@ -123,6 +125,7 @@ async def test_a_nul_in_an_argument_key_is_refused_and_recorded_escaped(
         {"path": "/a\\u0000b", "message": "a key with a NUL or a lone surrogate"}
     ]
     event = await db.fetchrow("SELECT * FROM audit_events WHERE call_id = $1", body["call_id"])
+    assert event is not None
     assert event["arguments"] == {"subject": "s", "body": "b", "a\\u0000b": 1}
     await assert_readable(client, auth, body["call_id"])
 
@@ -152,8 +155,10 @@ async def test_a_nul_in_a_tool_name_is_an_unknown_tool_recorded_escaped(
     text = '{"tool":"get\\u0000order","arguments":{"order_id":"ord_1"},"tool_call_id":"tc_1"}'
     body = assert_problem(await post(client, "/propose", text, auth()), 404, "unknown_tool")
     call = await db.fetchrow("SELECT * FROM calls WHERE id = $1", body["call_id"])
+    assert call is not None
     assert (call["tool"], call["tool_call_id"]) == ("get\\u0000order", "tc_1")
     event = await db.fetchrow("SELECT * FROM audit_events WHERE call_id = $1", body["call_id"])
+    assert event is not None
     assert event["tool"] == "get\\u0000order"
     assert event["arguments"] == {"order_id": "ord_1"}
     await assert_readable(client, auth, body["call_id"])

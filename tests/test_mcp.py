@@ -201,6 +201,7 @@ async def test_a_client_that_elicits_lets_the_owner_approve_in_a_form_and_the_re
     assert '"new_balance": 100.0' in asked[0].message  # the approver sees the preview
     assert await effects(providers, REFUNDS) == 1
     approval = await db.fetchrow("SELECT approver, decision, snapshot_hash FROM approvals")
+    assert approval is not None
     assert (approval["approver"], approval["decision"]) == ("alice", "approve")
     assert approval["snapshot_hash"] is not None  # bound to the preview the form showed
 
@@ -338,6 +339,7 @@ async def test_arguments_nested_too_deeply_are_a_recorded_invalid_arguments_resu
     assert result["isError"] is True, result
     assert result["structuredContent"]["code"] == "invalid_arguments"
     call = await db.fetchrow("SELECT state, code FROM calls")
+    assert call is not None
     assert (call["state"], call["code"]) == ("denied", "invalid_arguments")
     assert await db.fetchval("SELECT count(*) FROM audit_events WHERE event = 'denied'") == 1
     assert await effects(providers, TICKETS) == 0

@@ -85,6 +85,7 @@ async def test_a_high_impact_refund_runs_once_and_replays(
         "replayed",
     ]
     row = await db.fetchrow("SELECT state, approval_id FROM executions")
+    assert row is not None
     assert (row["state"], row["approval_id"]) == ("succeeded", approval.json()["approval_id"])
     assert await db.fetchval("SELECT state FROM calls WHERE id = $1", body["call_id"]) == (
         "succeeded"
@@ -361,7 +362,7 @@ async def test_a_quoted_key_is_the_same_key_as_the_bare_one(
     assert await effects(providers, "/support/tickets") == 1
     # The replay's claim found the key taken: it recorded no second call or execution.
     assert await db.fetchval("SELECT count(*) FROM calls") == 1
-    assert await db.fetch("SELECT call_id, state FROM executions") == [
+    assert [tuple(r) for r in await db.fetch("SELECT call_id, state FROM executions")] == [
         (first.json()["call_id"], "succeeded")
     ]
     assert await events(db) == ["executed", "replayed"]

@@ -131,6 +131,7 @@ async def test_an_injected_iban_needs_an_approval_before_money_moves(
     denied = await db.fetchrow(
         "SELECT code, outcome FROM audit_events WHERE call_id = $1", direct.json()["call_id"]
     )
+    assert denied is not None
     assert (denied["code"], denied["outcome"]) == ("approval_required", {"taint": taint})
 
     approval = await bank.approve(proposal["call_id"], preview["snapshot_hash"])
@@ -159,6 +160,7 @@ async def test_an_injected_iban_is_refused_where_the_tool_denies_taint(
     row = await db.fetchrow(
         "SELECT decision, code, taint FROM calls WHERE id = $1", refused.json()["call_id"]
     )
+    assert row is not None
     assert (row["decision"], row["code"], row["taint"]) == ("deny", "tainted_arguments", taint)
 
     executed = await strict.execute("send_money", transfer(ATTACKER_IBAN), new_key(), run_id=run_id)

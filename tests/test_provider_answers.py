@@ -192,6 +192,7 @@ async def test_a_reconciled_status_that_is_no_http_status_is_recorded_as_the_def
         await db.execute("UPDATE executions SET updated_at = now() - interval '1 hour'")
         assert await reconciler.reconcile_stale(state_of(odd_flow)) == 1
     row = await db.fetchrow("SELECT state, provider_status FROM executions")
+    assert row is not None
     assert (row["state"], row["provider_status"]) == ("succeeded", 200)
     assert list(provider.effects.values()) == [1]
 

@@ -244,6 +244,7 @@ async def test_a_pass_leaves_alone_a_key_at_work_and_runs_one_at_a_time(
             "UPDATE executions SET state = 'in_flight', updated_at = now() - interval '1 hour'"
         )
         record = await db.fetchrow("SELECT tenant, actor, idempotency_key FROM executions")
+        assert record is not None
         lock = mutation.lock_name(record["tenant"], record["actor"], record["idempotency_key"])
         async with state.locks.hold(lock, 30) as held:
             assert held
@@ -300,7 +301,8 @@ async def test_a_record_whose_resolution_fails_is_postponed_and_the_pass_goes_on
 
         monkeypatch.setattr(reconciler, "_opened", failing)
         assert await reconciler.reconcile_stale(state) == 2
-        states = dict(await db.fetch("SELECT operation_id, state FROM executions"))
+        rows = await db.fetch("SELECT operation_id, state FROM executions")
+        states = {r["operation_id"]: r["state"] for r in rows}
         assert states == {poison["operation_id"]: "in_flight", healthy["operation_id"]: "unknown"}
         assert await db.fetchval(
             "SELECT updated_at > now() - interval '1 minute' FROM executions"

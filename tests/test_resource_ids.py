@@ -131,6 +131,7 @@ async def test_an_id_that_is_not_an_exact_integer_is_refused_without_lookups(
     assert response.json()["code"] == "invalid_arguments"
     assert (provider.lookups, provider.reads) == ([], [])
     row = await db.fetchrow("SELECT decision, code FROM calls")
+    assert row is not None
     assert tuple(row) == ("deny", "invalid_arguments")
 
 

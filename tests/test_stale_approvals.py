@@ -46,6 +46,7 @@ async def test_an_approval_whose_preview_changed_does_not_run(
     assert problem["current_snapshot_hash"] not in (None, approved_hash)
     assert await refunds(providers) == 1
     approval = await db.fetchrow("SELECT consumed_by FROM approvals WHERE id = $1", approval_id)
+    assert approval is not None
     assert approval["consumed_by"] is None
     assert (
         await db.fetchval("SELECT count(*) FROM executions WHERE approval_id = $1", approval_id)
@@ -55,6 +56,7 @@ async def test_an_approval_whose_preview_changed_does_not_run(
         "SELECT decision, code, outcome FROM audit_events WHERE call_id = $1 AND event = 'denied'",
         proposal["call_id"],
     )
+    assert audited is not None
     assert (audited["decision"], audited["code"]) == ("deny", "approval_stale")
     assert audited["outcome"] == {
         "approved_snapshot_hash": approved_hash,

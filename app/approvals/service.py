@@ -18,8 +18,9 @@ from app.auth.principal import Principal
 from app.calls import policy
 from app.calls import store as calls
 from app.calls.authorization import owners_of
-from app.calls.models import STARTED, CallRow, DryRunRow
+from app.calls.models import CallRow, DryRunRow
 from app.calls.results import mask_arguments, sensitive_values
+from app.calls.states import STARTED
 from app.catalog.models import Tool
 from app.db import Connection
 from app.errors import (

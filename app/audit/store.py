@@ -22,7 +22,7 @@ from app.audit.models import (
     Seal,
     Unchained,
 )
-from app.db import Connection, Database, Insert, Record
+from app.db import Connection, Insert, Record, Writer, one_row, write_one
 
 
 class AuditEvent(NamedTuple):
@@ -59,9 +59,7 @@ async def append(conn: Connection, event: AuditEvent) -> None:
 _AFTER: dict[tuple[str, int], str] = {}
 
 
-async def append_after(
-    conn: Connection | Database, changes: str, args: Sequence[Any], event: AuditEvent
-) -> bool:
+async def append_after(conn: Writer, changes: str, args: Sequence[Any], event: AuditEvent) -> bool:
     """Apply ``changes`` — data-modifying CTEs, the first named ``change`` and ``RETURNING``
     the rows it touched — and append ``event`` only if ``change`` touched a row, all in one
     statement: atomic even outside a transaction, and one round trip instead of four.
@@ -75,7 +73,7 @@ async def append_after(
             f"WITH {changes}, audit AS (INSERT INTO audit_events ({', '.join(_COLUMNS)}) "
             f"SELECT {params} WHERE EXISTS (SELECT 1 FROM change)) SELECT count(*) FROM change"
         )
-    return bool(await conn.fetchval(sql, *args, *_INSERT.values(event)))
+    return bool(await write_one(conn, sql, *args, *_INSERT.values(event)))
 
 
 # Reading and sealing. A transaction that touches several audit tables reads
@@ -321,7 +319,8 @@ async def sealed_outside_gaps(
     ``sealed_through`` outside every recorded gap. Through the chain position index, so a
     verification counts a page at a time instead of every seal at once."""
     where = "chain_pos > $2 AND chain_pos <= $3"
-    row = await conn.fetchrow(
+    row = await one_row(
+        conn,
         f"""
         SELECT count(*), count(*) FILTER (WHERE seq BETWEEN 1 AND $1 AND NOT EXISTS (
             SELECT 1 FROM audit_gaps g WHERE s.seq BETWEEN g.first_seq AND g.last_seq))
@@ -345,7 +344,8 @@ async def unchained(
     in the chain nor waiting for the sealer, which reads only above ``sealed_through`` and
     inside gaps. Pages follow the primary key, so rows sharing a seq never straddle a page
     unread: one page of each month's index, one seal looked up per row."""
-    row = await conn.fetchrow(
+    row = await one_row(
+        conn,
         """
         SELECT (array_agg(e.seq ORDER BY e.seq DESC, e.at DESC))[1],
                (array_agg(e.at ORDER BY e.seq DESC, e.at DESC))[1],

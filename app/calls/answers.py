@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-Impact = Literal["read", "low", "high"]
-Next = Literal["execute", "dry_run", "approval"]
+from app.calls.states import CallState, ExecutionState, Next
+from app.catalog.models import Impact
 
 
 class Target(BaseModel):
@@ -162,7 +162,7 @@ class CallApproval(BaseModel):
 
 class CallExecution(BaseModel):
     operation_id: str
-    state: str
+    state: ExecutionState
     provider_status: int | None
     approval_id: str | None
     created_at: datetime
@@ -186,7 +186,7 @@ class CallHistory(BaseModel):
     tenant: str
     run_id: str | None
     tool_call_id: str | None
-    state: str
+    state: CallState
     may_decide: bool
     proposal: CallProposal
     decisions: list[CallDecision]

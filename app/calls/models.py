@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 from app.auth.principal import Principal
 from app.bodies import Body, Id, JsonObject
 from app.calls.policy import Decision, PreparedCall
+from app.calls.states import CallState, ExecutionState
 from app.catalog.models import Catalog, Tool
 from app.errors import IdempotencyKeyInvalid, IdempotencyKeyMissing
 
@@ -162,20 +163,6 @@ class Answer(NamedTuple):
     headers: Mapping[str, str] | None = None
 
 
-# A call's life (``calls.state``): proposed → previewed | awaiting_approval → approved |
-# rejected → executing → succeeded | failed | unknown. Re-authorization may deny a call on
-# the way; an execution that certainly never reached the provider goes back to approved or
-# proposed.
-STARTED = ("executing", "succeeded", "failed", "unknown")
-"""An execution has claimed the call: it is not decided again."""
-SETTLED = ("approved", "rejected", *STARTED)
-"""A human has decided or an execution has begun: a new preview does not reopen the call."""
-FINAL = ("rejected", *STARTED)
-"""No later decision changes the call's state (a denial is still audited)."""
-OUTCOMES = ("rejected", "succeeded", "failed", "unknown")
-"""``FINAL`` but ``executing``: what an execution's own outcome does not overwrite."""
-
-
 class CallRow(NamedTuple):
     id: str
     tenant: str
@@ -193,7 +180,7 @@ class CallRow(NamedTuple):
     code: str | None
     reason: str | None
     next: str | None
-    state: str
+    state: CallState
     policy_version: str
     proposed_by: str
     authorized_by: dict[str, Any] | None
@@ -248,7 +235,7 @@ class ExecutionRow(NamedTuple):
     target_id: str | None
     fingerprint: str
     approval_id: str | None
-    state: str
+    state: ExecutionState
     provider_status: int | None
     response: dict[str, Any] | None
     expires_at: datetime

@@ -33,6 +33,7 @@ from app.calls import gates, recording, store
 from app.calls.models import Answer, Authorized, CallRow, ExecutionRow, Request
 from app.calls.policy import PreparedCall
 from app.calls.results import classify, result_body
+from app.calls.states import Outcome
 from app.catalog.models import Tool
 from app.errors import (
     ApprovalConsumed,
@@ -119,7 +120,7 @@ class OpenExecution:
         outcome = Response(provider_status, body.get("result"), response.elapsed_ms)
         return await self.finish(outcome, body["status"], "reconciled")
 
-    async def finish(self, response: Response, status: str, event: str) -> Answer:
+    async def finish(self, response: Response, status: Outcome, event: str) -> Answer:
         """Finish the record with the provider's answer and its audit row. The provider has
         acted: if the database fails now, the answer is still the 504 of an unknown outcome,
         and the record, still open, is left to reconciliation."""

@@ -11,18 +11,18 @@ import copy
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import rfc8785
 
 from app import recordable
 from app.auth.principal import Principal
+from app.calls.states import Next
 from app.canonical import SAFE_INTEGER, as_written, digest
 from app.catalog.models import Impact, Owner, Resource, Tool, argument_text
 from app.errors import IdentitySpoof, InvalidArguments, TaintedArguments, ToolForbidden
 from app.runs.provenance import Candidate, Recall, Taint, candidates, findings
 
-Next = Literal["execute", "dry_run", "approval"]
 NOT_ACCESSIBLE = "a resource named in the arguments is not accessible to this session"
 
 

@@ -14,9 +14,10 @@ from typing import Any
 from app import recordable, telemetry
 from app.audit.store import AuditEvent, append
 from app.calls import store
-from app.calls.models import STARTED, Authorized, CallRow, Request
+from app.calls.models import Authorized, CallRow, Request
 from app.calls.policy import Decision, PreparedCall
 from app.calls.results import mask_arguments
+from app.calls.states import STARTED, CallState
 from app.catalog.models import Tool
 from app.db import Connection
 from app.errors import ToolgateError
@@ -55,7 +56,7 @@ def call_row(
     call_id: str,
     decision: Decision | None,
     error: ToolgateError | None,
-    state: str | None = None,
+    state: CallState | None = None,
 ) -> CallRow:
     """The call as stored: ``state`` defaults to ``denied`` or ``proposed``."""
     tool, target = request.tool, call.target if call else None

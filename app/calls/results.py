@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
+from app.calls.states import Outcome
 from app.catalog.models import Tool
 
 REDACTED = "[redacted]"
@@ -86,7 +87,7 @@ def sensitive_values(arguments: Any, sensitive: Iterable[str]) -> dict[str, Any]
     return {k: arguments[k] for k in sorted(set(sensitive)) if k in arguments}
 
 
-def classify(provider_status: int) -> str:
+def classify(provider_status: int) -> Outcome:
     """``succeeded`` (2xx), ``failed`` (4xx, the provider refused) or ``unknown`` (anything
     else: a 5xx or a redirect says nothing certain about what happened)."""
     if 200 <= provider_status < 300:

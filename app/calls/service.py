@@ -19,9 +19,6 @@ from app.auth.principal import Principal
 from app.calls import gates, mutation, store
 from app.calls.authorization import approved_call, authorize, check_run, visible_call
 from app.calls.models import (
-    FINAL,
-    OUTCOMES,
-    SETTLED,
     Answer,
     Authorized,
     CallRow,
@@ -44,8 +41,9 @@ from app.calls.recording import (
     write_denial,
 )
 from app.calls.results import classify, result_body
+from app.calls.states import FINAL, OUTCOMES, SETTLED, CallState, Outcome
 from app.canonical import digest
-from app.db import Connection, Database
+from app.db import Connection, Writer
 from app.errors import (
     ApprovalMismatch,
     InvalidRequest,
@@ -67,7 +65,7 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
     call_id = new_id("call")
     authorized = await authorize(state, request, call_id, None)
     call, decision = authorized.call, authorized.decision
-    awaiting = "awaiting_approval" if decision.next == "approval" else None
+    awaiting: CallState | None = "awaiting_approval" if decision.next == "approval" else None
     row = call_row(request, call, call_id, decision, None, awaiting)
     event = audit_event(
         request,
@@ -231,7 +229,9 @@ async def _record_read(
 ) -> None:
     """A read's outcome: no execution record, just the call, its audit row and the run."""
     request, call = authorized.request, authorized.call
-    status = "succeeded" if answer is not None and answer["status"] == "succeeded" else "failed"
+    status: Outcome = (
+        "succeeded" if answer is not None and answer["status"] == "succeeded" else "failed"
+    )
     row = call_row(request, call, call_id, authorized.decision, None, status)
     event = audit_event(
         request,
@@ -265,7 +265,7 @@ async def _record_read(
 
 
 async def _write_call(
-    conn: Connection | Database, existing: CallRow | None, row: CallRow, event: AuditEvent
+    conn: Writer, existing: CallRow | None, row: CallRow, event: AuditEvent
 ) -> None:
     """The call as ``row`` says, new or moved to its state, with its audit row: one
     statement."""

@@ -9,8 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from app.audit.store import AuditEvent, append_after
-from app.calls.models import FINAL, CallRow, DryRunRow, ExecutionRow
-from app.db import Connection, Database, Insert
+from app.calls.models import CallRow, DryRunRow, ExecutionRow
+from app.calls.states import FINAL, CallState, ExecutionState
+from app.db import Connection, Insert, Writer, write_one
 
 _GENERATED = ("created_at", "updated_at")
 _CALL = Insert.of("calls", CallRow._fields, _GENERATED)
@@ -28,18 +29,18 @@ async def get(conn: Connection, call_id: str) -> CallRow | None:
     return CallRow(**dict(row)) if row else None
 
 
-async def insert_with_audit(conn: Connection | Database, call: CallRow, event: AuditEvent) -> None:
+async def insert_with_audit(conn: Writer, call: CallRow, event: AuditEvent) -> None:
     """The call and its audit row in one statement."""
     await append_after(conn, f"change AS ({_CALL.sql} RETURNING 1)", _CALL.values(call), event)
 
 
 async def set_state_with_audit(
-    conn: Connection | Database,
+    conn: Writer,
     call_id: str,
-    state: str,
+    state: CallState,
     event: AuditEvent,
     *,
-    keep: tuple[str, ...] = FINAL,
+    keep: tuple[CallState, ...] = FINAL,
 ) -> None:
     """Record ``event`` and move the call to ``state``, unless the call is already in one of
     the states ``keep``, by default past deciding (``FINAL``): a later denial is audited but
@@ -56,9 +57,9 @@ async def set_state_with_audit(
 async def set_state(
     conn: Connection,
     call_id: str,
-    state: str,
+    state: CallState,
     *,
-    unless: tuple[str, ...] = (),
+    unless: tuple[CallState, ...] = (),
     pending_until: datetime | None = None,
 ) -> bool:
     """Move the call to ``state`` (awaiting approval until ``pending_until``), unless it is
@@ -143,9 +144,7 @@ _FORGET_EXPIRED = """
 """
 
 
-async def claim(
-    conn: Connection | Database, execution: ExecutionRow, call: CallRow | None = None
-) -> bool:
+async def claim(conn: Writer, execution: ExecutionRow, call: CallRow | None = None) -> bool:
     """Claim the key for a first call (and insert ``call``, the new call it executes, in the
     same statement); ``False`` when another request holds it. A finished record past its
     retention gives way."""
@@ -153,10 +152,12 @@ async def claim(
         sql, values = _CLAIM, _EXECUTION.values(execution)
     else:
         sql, values = _CLAIM_WITH_CALL, _EXECUTION.values(execution) + _CALL.values(call)
-    if await conn.fetchval(sql, *values):
+    if await write_one(conn, sql, *values):
         return True
     key = (execution.tenant, execution.actor, execution.idempotency_key)
-    return bool(await conn.fetchval(_FORGET_EXPIRED, *key) and await conn.fetchval(sql, *values))
+    return bool(
+        await write_one(conn, _FORGET_EXPIRED, *key) and await write_one(conn, sql, *values)
+    )
 
 
 _FINISH = """
@@ -174,9 +175,9 @@ _FINISH = """
 
 
 async def finish(
-    conn: Connection | Database,
+    conn: Writer,
     operation_id: str,
-    state: str,
+    state: ExecutionState,
     provider_status: int | None,
     response: dict[str, Any] | None,
     event: AuditEvent | None,
@@ -189,7 +190,7 @@ async def finish(
     args = (operation_id, state, provider_status, response)
     if event is not None:
         return await append_after(conn, _FINISH, args, event)
-    return bool(await conn.fetchval(f"WITH {_FINISH} SELECT count(*) FROM change", *args))
+    return bool(await write_one(conn, f"WITH {_FINISH} SELECT count(*) FROM change", *args))
 
 
 async def release(conn: Connection, operation_id: str) -> bool:
