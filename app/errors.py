@@ -22,11 +22,21 @@ class ToolgateError(Exception):
     audited: ClassVar[tuple[str, ...]] = ()
     """Members of the problem that its audit row records too (as its ``outcome``); never
     one that could hold an argument's value."""
+    recorded: ClassVar[bool] = False
+    """A refusal of the call itself, recorded as its decision (a ``denied`` audit row with
+    the call's row) wherever authorization or a gate refuses a call with it, whatever its
+    status: the policy's denials and the gates' refusals. An error of any other class (a
+    malformed request, a dependency down) is counted (``toolgate_refusals``), never recorded
+    as a decision. (The same classes answering an approver on ``/approve`` refuse the
+    approver, not the call.)"""
 
-    def __init_subclass__(cls, *, status: int, code: str, title: str, **kwargs: Any) -> None:
-        """Every error class states its HTTP status, problem code and title where it is named."""
+    def __init_subclass__(
+        cls, *, status: int, code: str, title: str, recorded: bool = False, **kwargs: Any
+    ) -> None:
+        """Every error class states its HTTP status, problem code and title where it is
+        named, and whether it is ``recorded``."""
         super().__init_subclass__(**kwargs)
-        cls.status, cls.code, cls.title = status, code, title
+        cls.status, cls.code, cls.title, cls.recorded = status, code, title, recorded
 
     def __init__(self, detail: str, **extra: Any) -> None:
         super().__init__(detail)
@@ -86,38 +96,44 @@ class Unauthenticated(
     """No bearer token, or one that does not verify (signature, algorithm, expiry, claims)."""
 
 
-class ToolForbidden(ToolgateError, status=403, code="tool_forbidden", title="Tool call forbidden"):
+class ToolForbidden(
+    ToolgateError, status=403, code="tool_forbidden", title="Tool call forbidden", recorded=True
+):
     """A policy denial: the caller's roles do not allow the tool, a resource named in the
     arguments belongs to someone else or does not exist (the two answer the same), or an
     egress argument names a host that is not public."""
 
 
-class IdentitySpoof(ToolgateError, status=403, code="identity_spoof", title="Identity spoof"):
+class IdentitySpoof(
+    ToolgateError, status=403, code="identity_spoof", title="Identity spoof", recorded=True
+):
     """A policy denial: an argument annotated ``x-identity`` names someone other than the
     session's own user or tenant."""
 
 
 class ApprovalRequired(
-    ToolgateError, status=403, code="approval_required", title="Approval required"
+    ToolgateError, status=403, code="approval_required", title="Approval required", recorded=True
 ):
     """A high-impact call was executed without an approval, or with one that does not exist
     or was given for another call."""
 
 
-class ApprovalExpired(ToolgateError, status=403, code="approval_expired", title="Approval expired"):
+class ApprovalExpired(
+    ToolgateError, status=403, code="approval_expired", title="Approval expired", recorded=True
+):
     """The approval presented for execution is past its expiry, or the request for a
     decision an approver answers is past its approval window."""
 
 
 class ApprovalRejected(
-    ToolgateError, status=403, code="approval_rejected", title="Approval rejected"
+    ToolgateError, status=403, code="approval_rejected", title="Approval rejected", recorded=True
 ):
     """The call was rejected by an approver; a rejection is final, for execution and for
     any later decision on the same call."""
 
 
 class TaintedArguments(
-    ToolgateError, status=403, code="tainted_arguments", title="Tainted arguments"
+    ToolgateError, status=403, code="tainted_arguments", title="Tainted arguments", recorded=True
 ):
     """A policy denial: in a run, an argument carries a value from an untrusted result (and
     not from the run's task), and the tool's ``on_taint`` is ``deny``; ``taint`` names the
@@ -133,7 +149,9 @@ class ApproverForbidden(
     names, or the caller's own call where the tool does not let owners approve."""
 
 
-class DryRunRequired(ToolgateError, status=403, code="dry_run_required", title="Dry-run required"):
+class DryRunRequired(
+    ToolgateError, status=403, code="dry_run_required", title="Dry-run required", recorded=True
+):
     """The call needs an unexpired dry-run of the same arguments first: before an approver
     decides it, or before a first execution the catalog says must be previewed."""
 
@@ -146,7 +164,9 @@ class Forbidden(ToolgateError, status=403, code="forbidden", title="Forbidden"):
 # --- 404, 409, 422, 429: what the request names, and its state ------------------------------
 
 
-class UnknownTool(ToolgateError, status=404, code="unknown_tool", title="Unknown tool"):
+class UnknownTool(
+    ToolgateError, status=404, code="unknown_tool", title="Unknown tool", recorded=True
+):
     """A policy denial: the catalog has no tool of that name."""
 
 
@@ -156,7 +176,11 @@ class NotFound(ToolgateError, status=404, code="not_found", title="Not found"):
 
 
 class ApprovalMismatch(
-    ToolgateError, status=409, code="approval_mismatch", title="Approval does not match"
+    ToolgateError,
+    status=409,
+    code="approval_mismatch",
+    title="Approval does not match",
+    recorded=True,
 ):
     """The approval is bound to something other than what is executed (arguments, tool,
     actor, policy version, preview), or the hash an approver echoes is not the call's latest
@@ -164,13 +188,19 @@ class ApprovalMismatch(
 
 
 class ApprovalConsumed(
-    ToolgateError, status=409, code="approval_consumed", title="Approval already used"
+    ToolgateError,
+    status=409,
+    code="approval_consumed",
+    title="Approval already used",
+    recorded=True,
 ):
     """The approval was already used by another execution, or the call was already decided
     or executed."""
 
 
-class ApprovalStale(ToolgateError, status=409, code="approval_stale", title="Approval stale"):
+class ApprovalStale(
+    ToolgateError, status=409, code="approval_stale", title="Approval stale", recorded=True
+):
     """The provider's preview of an approved call changed since the approval: nothing ran, the
     approval is not used, and the call needs a new dry-run and approval."""
 
@@ -184,7 +214,7 @@ class IdempotencyInFlight(
 
 
 class InvalidArguments(
-    ToolgateError, status=422, code="invalid_arguments", title="Invalid arguments"
+    ToolgateError, status=422, code="invalid_arguments", title="Invalid arguments", recorded=True
 ):
     """A policy denial: the arguments are not what the tool accepts (its JSON Schema), hold
     values that cannot be recorded or canonicalized, or name resources that cannot be URL
@@ -228,10 +258,3 @@ class ProviderTimeout(
 ):
     """The provider may have acted but its outcome is unknown (a timeout, or toolgate's own
     failure after sending); the answer carries the operation id for reconciliation."""
-
-
-# Policy denials that are recorded as decisions (docs/api.md, POST /propose).
-DENIALS: dict[str, type[ToolgateError]] = {
-    cls.code: cls
-    for cls in (ToolForbidden, IdentitySpoof, UnknownTool, InvalidArguments, TaintedArguments)
-}

@@ -17,7 +17,7 @@ from app.calls.models import Authorized, CallRow, Request
 from app.calls.policy import Facts, PreparedCall
 from app.calls.recording import write_denial
 from app.catalog.models import Owner
-from app.errors import DENIALS, NotFound, ToolgateError, UnknownTool
+from app.errors import NotFound, ToolgateError, UnknownTool
 from app.runs import service as runs
 from app.runs.provenance import Recall
 from app.state import AppState
@@ -49,7 +49,7 @@ async def authorize(
         facts = await facts_of(state, call, request.run_id)
         decision = policy.decide(request.principal, call, facts)
     except ToolgateError as error:
-        if error.code in DENIALS:
+        if error.recorded:  # a policy denial: authorization raises no gate's refusal
             async with state.db.transaction() as conn:
                 await write_denial(
                     conn,

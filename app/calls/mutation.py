@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,7 +30,7 @@ from app import telemetry
 from app.approvals import store as approvals
 from app.approvals.models import ApprovalRow
 from app.audit.store import AuditEvent, append
-from app.calls import gates, recording, store
+from app.calls import gates, gating, recording, store
 from app.calls.models import Answer, Authorized, CallRow, ExecutionRow, Request
 from app.calls.policy import PreparedCall
 from app.calls.results import classify, result_body
@@ -249,7 +250,18 @@ class Execution:
     and then, depending on the key's record: claims it for a first call and sends, replays a
     finished record, or resumes an open one whose worker is gone."""
 
-    __slots__ = ("approval_id", "authorized", "dry_run_id", "existing", "key", "state")
+    __slots__ = (
+        "approval",
+        "approval_id",
+        "authorized",
+        "call_id",
+        "dry_run_id",
+        "existing",
+        "gates",
+        "key",
+        "rechecked",
+        "state",
+    )
 
     def __init__(
         self,
@@ -262,6 +274,16 @@ class Execution:
     ) -> None:
         self.state, self.authorized, self.key, self.existing = state, authorized, key, existing
         self.approval_id, self.dry_run_id = approval_id, dry_run_id
+        self.gates = gating.needed(
+            gating.Gated(
+                authorized.decision, authorized.tool, authorized.run_id, existing is not None
+            )
+        )
+        """The gates a first call must pass (``gating``), decided once: the fast claim and
+        the checks both read them."""
+        self.call_id = existing.id if existing else None
+        self.approval: ApprovalRow | None = None
+        self.rechecked: AuditEvent | None = None
 
     async def run(self) -> Answer:
         principal = self.authorized.principal
@@ -269,7 +291,7 @@ class Execution:
         async with self.state.locks.hold(lock, lock_ttl(self.authorized.tool)) as held:
             if not held:
                 raise IdempotencyInFlight("the original request with this key is still running")
-            if self._ungated():
+            if not self.gates:
                 answer = await self._claim_ungated()
                 if answer is not None:
                     return answer
@@ -279,16 +301,6 @@ class Execution:
             if record.state in FINISHED:
                 return await self._replay(record)
             return await self._resume(record)
-
-    def _ungated(self) -> bool:
-        """No approval, dry-run, run or earlier call to check: the claim can come first."""
-        authorized = self.authorized
-        return (
-            authorized.decision.impact != "high"
-            and not authorized.tool.require_dry_run
-            and self.existing is None
-            and authorized.run_id is None
-        )
 
     async def _claim_ungated(self) -> Answer | None:
         """Claim the key and record the new call in one statement, then send; ``None`` when
@@ -373,30 +385,17 @@ class Execution:
         return replayed(record.response)
 
     async def _first_call(self) -> Answer:
-        """Check what a first call must show (``gates``), then claim the key and consume the
-        approval in one transaction, and send."""
+        """Pass the gates this call needs (``self.gates``, each checked by ``CHECKS``), then
+        claim the key and consume the approval in one transaction, and send. A refusal of a
+        recorded kind (``ToolgateError.recorded``) is recorded as the call's denial."""
         authorized, existing = self.authorized, self.existing
         request, call, tool = authorized.request, authorized.call, authorized.tool
-        call_id = existing.id if existing else None
-        approval: ApprovalRow | None = None
-        rechecked: AuditEvent | None = None
         try:
-            gates.check_same_call(existing, call)
-            if existing is not None and existing.state == "rejected":
-                raise ApprovalRejected("the approver rejected this call; the rejection is final")
-            if authorized.decision.impact == "high":
-                approval = await gates.valid_approval(
-                    self.state, authorized, self.approval_id, call_id, self.dry_run_id
-                )
-                call_id = call_id or approval.call_id
-                if tool.recheck and approval.snapshot_hash is not None:
-                    rechecked = self._rechecked(
-                        approval, await gates.recheck(self.state, authorized, approval)
-                    )
-            elif tool.require_dry_run:
-                await gates.require_dry_run(self.state, authorized, self.dry_run_id)
+            for gate in self.gates:
+                await CHECKS[gate](self)
         except ToolgateError as error:
-            if error.status in (403, 409):
+            call_id = self.call_id
+            if error.recorded:
                 async with self.state.db.transaction() as conn:
                     await recording.write_denial(
                         conn,
@@ -410,7 +409,8 @@ class Execution:
                         taint=authorized.decision.taint,
                     )
             raise
-        call_id = call_id or new_id("call")
+        approval, rechecked = self.approval, self.rechecked
+        call_id = self.call_id or new_id("call")
         record = self._new_record(call_id, approval.id if approval else None)
         new_call = existing is None and approval is None
         try:
@@ -454,6 +454,34 @@ class Execution:
             raise refusal
         telemetry.decided(authorized, call_id, quiet=True)
         return await self._send(record, resumed=False)
+
+    async def _same_call(self) -> None:
+        """The named call, as it was proposed, and not rejected."""
+        existing = self.existing
+        assert existing is not None  # the gate applies only to a named call
+        gates.check_same_call(existing, self.authorized.call)
+        if existing.state == "rejected":
+            raise ApprovalRejected("the approver rejected this call; the rejection is final")
+
+    async def _approval(self) -> None:
+        """A valid approval of this request, and (``approval.recheck``) a preview that still
+        shows what it was given on; the approval names the call when the request did not."""
+        authorized = self.authorized
+        approval = await gates.valid_approval(
+            self.state, authorized, self.approval_id, self.call_id, self.dry_run_id
+        )
+        self.call_id = self.call_id or approval.call_id
+        if authorized.tool.recheck and approval.snapshot_hash is not None:
+            preview = await gates.recheck(self.state, authorized, approval)
+            self.rechecked = self._rechecked(approval, preview)
+        self.approval = approval
+
+    async def _dry_run(self) -> None:
+        await gates.require_dry_run(self.state, self.authorized, self.dry_run_id)
+
+    async def _run(self) -> None:
+        """Nothing to read before the claim: the run admits the call in the claim's own
+        transaction (``recording.admit_to_run``), which the fast claim does not open."""
 
     def _rechecked(self, approval: ApprovalRow, preview: Response) -> AuditEvent:
         """The audit row of a recheck that found the approved preview unchanged (a changed
@@ -549,3 +577,13 @@ class Execution:
             )
         telemetry.executed(record.tool, record.call_id, "failed")
         return True
+
+
+CHECKS: dict[str, Callable[[Execution], Awaitable[None]]] = {
+    "same_call": Execution._same_call,
+    "approval": Execution._approval,
+    "dry_run": Execution._dry_run,
+    "run": Execution._run,
+}
+"""Each gate's check (``gating.GATES``), by name; a check may leave what the claim needs on
+the execution (the approval, the recheck's audit row, the call it names)."""
