@@ -30,7 +30,7 @@ from app import telemetry
 from app.approvals import store as approvals
 from app.approvals.models import ApprovalRow
 from app.audit.store import AuditEvent, append
-from app.calls import gates, gating, recording, store
+from app.calls import exactly_once, gates, gating, recording, store
 from app.calls.models import Answer, Authorized, CallRow, ExecutionRow, Request
 from app.calls.policy import PreparedCall
 from app.calls.results import classify, result_body
@@ -40,7 +40,6 @@ from app.errors import (
     ApprovalConsumed,
     ApprovalRejected,
     IdempotencyInFlight,
-    IdempotencyKeyReused,
     ProviderTimeout,
     ProviderUnavailable,
     ToolgateError,
@@ -53,7 +52,6 @@ from app.state import AppState
 from app.webhooks import store as webhooks
 
 LOCK_MARGIN_S = 5.0
-FINISHED = ("succeeded", "failed")
 REPLAYED = {"Idempotent-Replayed": "true"}
 log = logging.getLogger("toolgate")
 
@@ -108,18 +106,14 @@ class OpenExecution:
         except (NotSent, Uncertain) as exc:
             await self.mark_unknown()
             raise self.timeout() from exc
-        body = response.body if isinstance(response.body, dict) else {}
-        if response.status == 404:
+        said = exactly_once.reconciled(response.status, response.body)
+        if said == "never":
             return None
-        if response.status != 200 or body.get("status") not in FINISHED:
+        if said == "unknown":
             await self.mark_unknown()
             raise self.timeout()
-        provider_status = body.get("provider_status")
-        if type(provider_status) is not int or classify(provider_status) != body["status"]:
-            # none, or not an HTTP status of that outcome (a boolean, 2**32, a 4xx success)
-            provider_status = 200 if body["status"] == "succeeded" else 400
-        outcome = Response(provider_status, body.get("result"), response.elapsed_ms)
-        return await self.finish(outcome, body["status"], "reconciled")
+        outcome = Response(said.provider_status, said.result, response.elapsed_ms)
+        return await self.finish(outcome, said.status, "reconciled")
 
     async def finish(self, response: Response, status: Outcome, event: str) -> Answer:
         """Finish the record with the provider's answer and its audit row. The provider has
@@ -296,9 +290,12 @@ class Execution:
                 if answer is not None:
                     return answer
             record = await self._record()
-            if record is None:
+            call = self.authorized.call
+            holds = record and exactly_once.Held(record.tool, record.fingerprint, record.state)
+            step = exactly_once.step(holds, call.tool.name, call.fingerprint)
+            if record is None or step == "first":
                 return await self._first_call()
-            if record.state in FINISHED:
+            if step == "replay":
                 return await self._replay(record)
             return await self._resume(record)
 
@@ -342,18 +339,10 @@ class Execution:
         )
 
     async def _record(self) -> ExecutionRow | None:
-        """This actor's record for the key; a record for another call is a reused key."""
-        principal, call = self.authorized.principal, self.authorized.call
+        """This actor's record for the key."""
+        principal = self.authorized.principal
         async with self.state.db.connection() as conn:
-            record = await store.get_execution(conn, principal.tenant, principal.sub, self.key)
-        if record is not None and (record.tool, record.fingerprint) != (
-            call.tool.name,
-            call.fingerprint,
-        ):
-            raise IdempotencyKeyReused(
-                "this Idempotency-Key was used for another tool, target or arguments"
-            )
-        return record
+            return await store.get_execution(conn, principal.tenant, principal.sub, self.key)
 
     async def _replay(self, record: ExecutionRow) -> Answer:
         """The stored answer again. Replayed to a call of a run, it is a result that run is
@@ -517,6 +506,8 @@ class Execution:
         """Forward with the operation id as the provider's Idempotency-Key; store the
         outcome."""
         call, opened = self.authorized.call, self._opened(record)
+        response: Response | None = None
+        failure: BaseException | None = None
         try:
             response = await self.state.providers.call(
                 call.tool.provider,
@@ -526,20 +517,21 @@ class Execution:
                 record.call_id,
                 operation_id=record.operation_id,
             )
+            sent: exactly_once.Sent = response.status
         except NotSent as exc:
-            if not resumed and await self._release(record):
-                raise ProviderUnavailable(
-                    "the provider could not be reached; nothing ran", call_id=record.call_id
-                ) from exc
-            await opened.mark_unknown()
-            raise opened.timeout() from exc
+            sent, failure = "not_sent", exc
         except Uncertain as exc:
-            await opened.mark_unknown()
-            raise opened.timeout() from exc
+            sent, failure = "uncertain", exc
+        after = exactly_once.after_send(sent, resumed=resumed)
+        if after == "release" and await self._release(record):
+            raise ProviderUnavailable(
+                "the provider could not be reached; nothing ran", call_id=record.call_id
+            ) from failure
+        if after != "finish" or response is None:  # unknown, or a release another took over
+            await opened.mark_unknown(response.status if response else None)
+            raise opened.timeout() from failure
         status = classify(response.status)
-        if status == "unknown":
-            await opened.mark_unknown(response.status)
-            raise opened.timeout()
+        assert status != "unknown"  # after_send finishes only a 2xx or 4xx
         event = "executed" if status == "succeeded" else "failed"
         return await opened.finish(response, status, "reconciled" if resumed else event)
 

@@ -36,7 +36,7 @@ import logging
 import time
 
 from app.auth.principal import Principal
-from app.calls import mutation, store
+from app.calls import exactly_once, mutation, store
 from app.calls.models import CallRow, ExecutionRow, Request
 from app.calls.mutation import OpenExecution
 from app.calls.policy import PreparedCall, Target
@@ -107,7 +107,7 @@ async def _resolve(state: AppState, catalog: Catalog, record: ExecutionRow) -> N
             call = await store.get(conn, record.call_id)
         if current is None or current.operation_id != record.operation_id or call is None:
             return
-        if current.state in mutation.FINISHED:  # finished since the batch was read
+        if current.state in exactly_once.FINISHED:  # finished since the batch was read
             return
         opened = _opened(state, catalog, tool, current, call)
         try:
