@@ -21,7 +21,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -35,6 +37,46 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
+
+
+LEDGER = Path(__file__).resolve().parent / "ledger.jsonl"
+"""Where the benches append their dated runs, one JSON object a line."""
+
+
+def append_ledger(ledger: str, bench: str, figures: dict[str, Any], **settings: Any) -> None:
+    """Append one run to ``ledger`` (``LEDGER`` unless told otherwise; ``''``: none): a JSON
+    object with the date, the commit measured, the settings and the figures, so dated runs
+    are kept as data and ``README.md`` shows only the latest."""
+    if not ledger:
+        return
+    line = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "bench": bench,
+        "tree": git_tree(),
+        **settings,
+        "figures": figures,
+    }
+    with open(ledger, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
+    print(f"recorded in {ledger}")
+
+
+def git_tree() -> str:
+    """The commit measured, with ``+dirty`` when the work tree differs from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (commit or "unknown") + ("+dirty" if dirty else "")
 
 
 def venv_bin(name: str) -> str:

@@ -27,7 +27,15 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import HOST, BenchError, Processes, free_port, sigterm_as_interrupt, wait_ready
+from _harness import (
+    HOST,
+    BenchError,
+    Processes,
+    append_ledger,
+    free_port,
+    sigterm_as_interrupt,
+    wait_ready,
+)
 from run import (
     WORKLOADS,
     add_common_arguments,
@@ -121,6 +129,20 @@ def main() -> int:
     for workload in ns.workloads:
         mine, theirs = per_request["toolgate", workload], per_request["forwarder", workload]
         print(f"| {workload} | {mine // 1000:,} k | {theirs // 1000:,} k | {theirs / mine:.2f} |")
+    figures = {
+        workload: {
+            "toolgate": per_request["toolgate", workload] // 1000,
+            "forwarder": per_request["forwarder", workload] // 1000,
+        }
+        for workload in ns.workloads
+    }
+    append_ledger(
+        ns.ledger,
+        "instructions.py",
+        figures,
+        unit="thousand instructions per request, worker only",
+        requests=ns.requests,
+    )
     return 0
 
 

@@ -33,6 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import jwt
@@ -42,12 +43,14 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (
     HOST,
+    LEDGER,
     ROOT,
     BenchError,
     Proc,
     Processes,
     RssSampler,
     WrkResult,
+    append_ledger,
     comm_cpu_s,
     free_port,
     host_cpu_s,
@@ -90,6 +93,11 @@ class Row:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ledger",
+        default=str(LEDGER),
+        help="append the run's figures to this JSON-lines ledger ('' for none)",
+    )
     """The servers to use and the workloads to run, as ``run.py`` and ``instructions.py``
     take them."""
     parser.add_argument(
@@ -309,6 +317,7 @@ def main() -> int:
                 shutil.rmtree(log_dir, ignore_errors=True)
     if rows:
         report(rows)
+        record(ns.ledger, ns, rows)
     return 1 if failed else 0
 
 
@@ -596,6 +605,28 @@ def paired(rows: list[Row], target: str, workload: str) -> list[tuple[float, flo
         if (r.target, r.workload) == (target, workload) and fw and fw.result.rps:
             pairs.append((r.result.rps / fw.result.rps, r.result.p99_ms / fw.result.p99_ms))
     return pairs
+
+
+def record(ledger: str, ns: argparse.Namespace, rows: list[Row]) -> None:
+    """This run's medians and each round's ratios, in the ledger (``append_ledger``)."""
+    figures: dict[str, Any] = {}
+    for s in summarize(rows):
+        entry = figures.setdefault(s.workload, {})
+        entry[f"{s.target}_rps"] = round(s.rps, 1)
+        entry[f"{s.target}_p99_ms"] = round(s.p99_ms, 2)
+        pairs = paired(rows, s.target, s.workload) if s.target != "forwarder" else []
+        if pairs:
+            entry["ratio"] = round(statistics.median(p[0] for p in pairs), 3)
+            entry["p99_ratio"] = round(statistics.median(p[1] for p in pairs), 3)
+            entry["rounds"] = [[round(t, 3), round(q, 3)] for t, q in pairs]
+    append_ledger(
+        ledger,
+        "run.py",
+        figures,
+        duration_s=ns.duration,
+        rounds=ns.rounds,
+        concurrency=ns.concurrency,
+    )
 
 
 def report(rows: list[Row]) -> None:

@@ -54,6 +54,7 @@ from _harness import (
     require_wrk,
     sigterm_as_interrupt,
     table,
+    venv_bin,
     wait_ready,
 )
 
@@ -239,7 +240,7 @@ class HeavyReader:
 
     def _read(self, path: str) -> None:
         """Read the answer as it streams, dropping it; give up once told to stop."""
-        conn = self._open[path] = HTTPConnection(self._where.hostname, self._where.port)
+        conn = self._open[path] = HTTPConnection(self._where.hostname or "", self._where.port)
         try:
             conn.request("GET", path, headers={"Authorization": f"Bearer {self._auditor}"})
             response = conn.getresponse()
@@ -276,7 +277,7 @@ def main() -> int:
             if ns.empty:
                 run.create_database(ns.postgres, name)
             with Processes(log_dir) as procs:
-                migrate = procs.start("migrate", [run.venv_bin("toolgate"), "migrate"], env)
+                migrate = procs.start("migrate", [venv_bin("toolgate"), "migrate"], env)
                 if migrate.popen.wait(timeout=600) != 0:
                     raise BenchError(f"toolgate migrate failed:\n{migrate.tail()}")
                 providers = run.start_providers(procs, env, provider_port)

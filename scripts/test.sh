@@ -13,6 +13,6 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e clients/python
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy app tests clients/python/toolgate_client
+.venv/bin/mypy app tests bench clients/python/toolgate_client
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -n auto "$@"
