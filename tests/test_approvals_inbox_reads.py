@@ -11,8 +11,8 @@ from typing import Any, cast
 import asyncpg
 import pytest
 
-from app.approvals import store
-from app.calls.policy import Decidable
+from app.consent import store
+from app.consent.rules import Decidable
 from app.db import Connection
 
 PAGE = 50

@@ -13,6 +13,7 @@ from app.auth.principal import Principal
 from app.calls import policy
 from app.calls.policy import Facts
 from app.catalog.models import Catalog, Owner
+from app.consent import rules
 from app.errors import IdentitySpoof, InvalidArguments, ToolForbidden
 from tests.catalogs import small_catalog
 
@@ -316,12 +317,12 @@ def test_the_inbox_reads_by_tool_exactly_what_may_approve_allows(
     """The inbox's query keeps calls by tool and actor (``decidable``); /approve judges each
     call (``may_approve``): they must agree on every tool, for the actor and anyone else."""
     approver = Principal("bob", "acme", frozenset(roles))
-    decidable = policy.decidable(approver, catalog.tools)
+    decidable = rules.decidable(approver, catalog.tools)
     assert decidable.approver == "bob"
     for name, tool in catalog.tools.items():
         approvers = tool.approval.approvers if tool.approval else None
         for actor, listed in (("bob", decidable.own), ("alice", decidable.others)):
-            allowed = approvers is not None and policy.may_approve(
+            allowed = approvers is not None and rules.may_approve(
                 approver, actor, "acme", approvers
             )
             assert (name in listed) == allowed, (name, actor)

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from app.bodies import Body, Id, Text
 from app.calls import answers
-
-BINDING_FIELDS = (
-    "actor",
-    "tenant",
-    "tool",
-    "target",
-    "policy_version",
-    "arguments",
-    "snapshot_hash",
-)
 
 
 class ApproveBody(Body):
@@ -27,108 +16,6 @@ class ApproveBody(Body):
     snapshot_hash: Text | None = Field(max_length=200)
     decision: Literal["approve", "reject"]
     comment: Text | None = Field(default=None, max_length=2000)
-
-
-@dataclass(frozen=True)
-class Binding:
-    """What an approval covers; change any part and it no longer applies."""
-
-    actor: str
-    tenant: str
-    tool: str
-    target: dict[str, str] | None
-    policy_version: str
-    fingerprint: str
-    snapshot_hash: str | None
-
-    def differences(self, other: Binding) -> list[str]:
-        """The API's names of the parts that differ (``arguments`` for the fingerprint)."""
-        pairs = {
-            "actor": (self.actor, other.actor),
-            "tenant": (self.tenant, other.tenant),
-            "tool": (self.tool, other.tool),
-            "target": (self.target, other.target),
-            "policy_version": (self.policy_version, other.policy_version),
-            "arguments": (self.fingerprint, other.fingerprint),
-            "snapshot_hash": (self.snapshot_hash, other.snapshot_hash),
-        }
-        return [name for name in BINDING_FIELDS if pairs[name][0] != pairs[name][1]]
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "actor": self.actor,
-            "tenant": self.tenant,
-            "tool": self.tool,
-            "target": self.target,
-            "policy_version": self.policy_version,
-            "fingerprint": self.fingerprint,
-            "snapshot_hash": self.snapshot_hash,
-        }
-
-
-class ApprovalRow(NamedTuple):
-    id: str
-    call_id: str
-    decision: str
-    approver: str
-    comment: str | None
-    actor: str
-    tenant: str
-    tool: str
-    target_type: str | None
-    target_id: str | None
-    policy_version: str
-    fingerprint: str
-    snapshot_hash: str | None
-    expires_at: datetime
-    consumed_by: str | None = None
-    consumed_at: datetime | None = None
-    created_at: datetime | None = None
-    latest: bool = True
-
-    @property
-    def binding(self) -> Binding:
-        target = (
-            {"type": self.target_type, "id": self.target_id}
-            if self.target_type is not None and self.target_id is not None
-            else None
-        )
-        return Binding(
-            self.actor,
-            self.tenant,
-            self.tool,
-            target,
-            self.policy_version,
-            self.fingerprint,
-            self.snapshot_hash,
-        )
-
-
-@dataclass(frozen=True)
-class InboxRow:
-    """One approval request as an approver's inbox lists it: the call, its latest preview,
-    and where the request stands (``pending``, ``approved``, ``rejected``, ``expired``)."""
-
-    call_id: str
-    tool: str
-    actor: str
-    tenant: str
-    target_type: str | None
-    target_id: str | None
-    arguments: dict[str, Any] | None
-    impact: str | None
-    snapshot: Any
-    snapshot_hash: str | None
-    requested_at: datetime
-    expires_at: datetime | None
-    status: str
-    taint: list[dict[str, str]] | None
-
-    @property
-    def target(self) -> dict[str, str] | None:
-        if self.target_type is None or self.target_id is None:
-            return None
-        return {"type": self.target_type, "id": self.target_id}
 
 
 # --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------

@@ -11,8 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app import cursors
-from app.approvals import store
-from app.approvals.models import ApprovalRow, ApproveBody, Binding
+from app.approvals.models import ApproveBody
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import policy
@@ -22,12 +21,12 @@ from app.calls.models import CallRow, DryRunRow
 from app.calls.results import mask_arguments, sensitive_values
 from app.calls.states import STARTED
 from app.catalog.models import Tool
+from app.consent import rules, store
+from app.consent.models import ApprovalRow, Binding
 from app.db import Connection
 from app.errors import (
-    ApprovalConsumed,
     ApprovalExpired,
     ApprovalMismatch,
-    ApprovalRejected,
     ApproverForbidden,
     DryRunRequired,
     InvalidRequest,
@@ -50,7 +49,7 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
     tool = catalog.tools.get(call.tool)
     if tool is None or tool.approval is None or call.impact != "high" or call.arguments is None:
         raise InvalidRequest("this call does not await an approval", call_id=call.id)
-    if not policy.may_approve(principal, call.actor, call.tenant, tool.approval.approvers):
+    if not rules.may_approve(principal, call.actor, call.tenant, tool.approval.approvers):
         raise ApproverForbidden("you may not decide this call", call_id=call.id)
     binding = _binding(catalog.policy_version, tool, call, latest, body.snapshot_hash)
     await _check_ownership(state, tool, call)
@@ -73,7 +72,9 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
     )
     async with state.db.transaction() as conn:
         call_state = await calls.lock(conn, call.id)
-        repeated = _repeated(approval, call_state, await store.standing(conn, call.id))
+        repeated = rules.repeated(
+            approval, call_state in STARTED, await store.standing(conn, call.id)
+        )
         if repeated is None:
             await _record(conn, approval, call, tool, catalog.policy_version, started)
             decided = "approved" if approval.decision == "approve" else "rejected"
@@ -83,35 +84,6 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
             data.update(approval_id=approval.id, approver=approval.approver)
             await webhooks.announce(conn, catalog, webhooks.APPROVAL_DECIDED, data)
     return _answer(repeated or approval)
-
-
-def _repeated(new: ApprovalRow, call_state: str, standing: list[ApprovalRow]) -> ApprovalRow | None:
-    """The stored decision that ``new`` repeats (a double click gets the first one's answer),
-    or ``None`` when ``new`` may be stored. A call is decided once: it holds at most one live
-    approval, a rejection is final, and a call that has run or is running is not decided
-    again. ``standing`` is read under the call's lock, so concurrent decisions take turns.
-    An unused approval of another preview than ``new``'s no longer stands: the world changed
-    since (a stale approval), and it can only run if the latest preview is its own again."""
-    if call_state in STARTED or any(a.consumed_by is not None for a in standing):
-        raise ApprovalConsumed(
-            "this call has already been executed; it cannot be decided again", call_id=new.call_id
-        )
-    standing = [
-        a
-        for a in standing
-        if a.decision == "reject" or a.snapshot_hash == new.binding.snapshot_hash
-    ]
-    if not standing:
-        return None
-    prior = standing[0]
-    if (prior.approver, prior.decision, prior.binding) == (new.approver, new.decision, new.binding):
-        return prior
-    if prior.decision == "reject":
-        raise ApprovalRejected("this call was rejected; a rejection is final", call_id=new.call_id)
-    raise ApprovalConsumed(
-        "this call already holds a live approval; it can be decided again once that expires",
-        call_id=new.call_id,
-    )
 
 
 async def _record(
@@ -226,7 +198,7 @@ async def inbox(
     also carries its sensitive values unmasked (``sensitive_arguments``): the approver must
     see what they approve; ``arguments`` stays masked, as in every listing.
 
-    The query keeps only what the principal may decide (``policy.decidable``), so a page holds
+    The query keeps only what the principal may decide (``rules.decidable``), so a page holds
     up to ``PAGE_SIZE`` of their requests, and its cursor is the last request it shows, present
     when the page is full: it never names a call the caller may not see."""
     before = None
@@ -234,7 +206,7 @@ async def inbox(
         stamp, call_id = cursors.decode(cursor, 2)
         before = (cursors.instant(stamp), call_id)
     catalog = state.catalog
-    decidable = policy.decidable(principal, catalog.tools)
+    decidable = rules.decidable(principal, catalog.tools)
     if not decidable.others and not decidable.own:
         return {"items": [], "next_cursor": None}
     async with state.db.connection() as conn:

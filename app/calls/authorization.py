@@ -10,13 +10,13 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from app import telemetry
-from app.approvals import store as approvals
 from app.auth.principal import Principal
 from app.calls import egress, policy, store
 from app.calls.models import Authorized, CallRow, Request
 from app.calls.policy import Facts, PreparedCall
 from app.calls.recording import write_denial
 from app.catalog.models import Owner
+from app.consent import store as approvals
 from app.errors import NotFound, ToolgateError, UnknownTool
 from app.runs import service as runs
 from app.runs.provenance import Recall

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from app.approvals import store as approvals
-from app.approvals.models import ApprovalRow, Binding
 from app.calls import store
 from app.calls.models import Authorized, CallRow, DryRunRow
 from app.calls.policy import PreparedCall
 from app.calls.results import classify
 from app.canonical import digest
+from app.consent import rules
+from app.consent import store as approvals
+from app.consent.models import ApprovalRow, Binding
 from app.errors import (
     ApprovalConsumed,
-    ApprovalExpired,
     ApprovalMismatch,
-    ApprovalRejected,
     ApprovalRequired,
     ApprovalStale,
     DryRunRequired,
@@ -104,35 +103,22 @@ async def valid_approval(
             approval = await approvals.get(conn, approval_id)
         else:
             assert call_id is not None
-            approval = standing_approval(await approvals.standing(conn, call_id))
+            approval = rules.standing_approval(await approvals.standing(conn, call_id))
             if approval is None:  # none standing: its latest, expired, if any, says so
                 decided = await approvals.of_call(conn, call_id)
                 approval = decided[-1] if decided else None
         dry_run = await store.latest_dry_run(conn, approval.call_id) if approval else None
-    if approval is None or approval.tenant != principal.tenant:
-        raise ApprovalRequired(
-            "no approval of this call" if approval_id is None else "no such approval"
-        )
-    if call_id not in (None, approval.call_id):
-        raise ApprovalRequired("the approval was given for another call")
-    if approval.decision == "reject":
-        raise ApprovalRejected("the approver rejected this call")
-    if approval.expires_at <= datetime.now(UTC):
-        raise ApprovalExpired("the approval has expired")
-    mismatch = approval.binding.differences(binding(authorized, dry_run))
-    older_preview = dry_run_id is not None and (dry_run is None or dry_run.id != dry_run_id)
-    if older_preview and "snapshot_hash" not in mismatch:
-        mismatch.append("snapshot_hash")
-    if mismatch:
-        raise ApprovalMismatch(
-            "the approval was given for something else: " + ", ".join(mismatch),
-            mismatch=mismatch,
-        )
+    presented = rules.Presented(
+        tenant=principal.tenant,
+        named=approval_id is not None,
+        call_id=call_id,
+        current=binding(authorized, dry_run),
+        older_preview=dry_run_id is not None and (dry_run is None or dry_run.id != dry_run_id),
+    )
+    approval = rules.usable(approval, presented, datetime.now(UTC))
     if call.tool.require_dry_run:
         _check_fresh(dry_run)
-    if approval.consumed_by is not None:
-        raise ApprovalConsumed("the approval was used by another execution")
-    return approval
+    return rules.unused(approval)
 
 
 async def _refuse_used(state: AppState, approval: ApprovalRow) -> None:
@@ -140,16 +126,6 @@ async def _refuse_used(state: AppState, approval: ApprovalRow) -> None:
         standing = await approvals.standing(conn, approval.call_id)
     if any(a.decision == "reject" or a.consumed_by is not None for a in standing):
         raise ApprovalConsumed("the call was already rejected or executed")
-
-
-def standing_approval(standing: list[ApprovalRow]) -> ApprovalRow | None:
-    """The approval an execution by call id alone runs on, of the call's ``standing``
-    decisions (a rejection first): its rejection, which is final; else its latest unused live
-    approval; else the latest used one (answered as consumed)."""
-    if not standing or standing[0].decision == "reject":
-        return standing[0] if standing else None
-    unused = [approval for approval in standing if approval.consumed_by is None]
-    return (unused or standing)[-1]
 
 
 def check_same_call(existing: CallRow | None, call: PreparedCall) -> None:

@@ -13,12 +13,13 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-from app.approvals import store as approvals
 from app.audit import store as audit
 from app.auth.principal import Principal
-from app.calls import policy, store, waiting
+from app.calls import store, waiting
 from app.calls.models import CallRow
 from app.calls.results import mask_arguments, sensitive_values
+from app.consent import rules
+from app.consent import store as approvals
 from app.errors import InvalidRequest, NotFound
 from app.state import AppState
 
@@ -35,7 +36,7 @@ def may_see(state: AppState, principal: Principal, call: CallRow) -> bool:
     return bool(
         tool is not None
         and tool.approval is not None
-        and policy.may_approve(principal, call.actor, call.tenant, tool.approval.approvers)
+        and rules.may_approve(principal, call.actor, call.tenant, tool.approval.approvers)
     )
 
 
@@ -47,7 +48,7 @@ def may_decide(state: AppState, principal: Principal, call: CallRow) -> bool:
         call.pending(datetime.now(UTC))
         and tool is not None
         and tool.approval is not None
-        and policy.may_approve(principal, call.actor, call.tenant, tool.approval.approvers)
+        and rules.may_approve(principal, call.actor, call.tenant, tool.approval.approvers)
     )
 
 

@@ -27,8 +27,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app import telemetry
-from app.approvals import store as approvals
-from app.approvals.models import ApprovalRow
 from app.audit.store import AuditEvent, append
 from app.calls import exactly_once, gates, gating, recording, store
 from app.calls.models import Answer, Authorized, CallRow, ExecutionRow, Request
@@ -36,6 +34,8 @@ from app.calls.policy import PreparedCall
 from app.calls.results import classify, result_body
 from app.calls.states import Outcome
 from app.catalog.models import Tool
+from app.consent import store as approvals
+from app.consent.models import ApprovalRow
 from app.errors import (
     ApprovalConsumed,
     ApprovalRejected,

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app import telemetry
-from app.approvals import store as approvals
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import gates, mutation, store
@@ -43,6 +42,7 @@ from app.calls.recording import (
 from app.calls.results import classify, result_body
 from app.calls.states import FINAL, OUTCOMES, SETTLED, CallState, Outcome
 from app.canonical import digest
+from app.consent import store as approvals
 from app.db import Connection, Writer
 from app.errors import (
     ApprovalMismatch,

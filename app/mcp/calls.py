@@ -40,6 +40,7 @@ from app.calls.mutation import lock_ttl
 from app.calls.policy import PreparedCall
 from app.calls.waiting import MAX_WAIT_S
 from app.catalog.models import Tool
+from app.consent import rules
 from app.deps import malformed
 from app.errors import (
     ApprovalRejected,
@@ -228,7 +229,7 @@ async def _approval(state: AppState, ask: Ask, call_id: str, key: str) -> Outcom
     own = (
         tool is not None
         and tool.approval is not None
-        and policy.may_approve(
+        and rules.may_approve(
             ask.principal, ask.principal.sub, ask.principal.tenant, tool.approval.approvers
         )
     )

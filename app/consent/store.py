@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from app.approvals.models import ApprovalRow, InboxRow
-from app.calls.policy import Decidable
+from app.consent.models import ApprovalRow, InboxRow
+from app.consent.rules import Decidable
 from app.db import Connection, Insert
 
 _INSERT = Insert.of("approvals", ApprovalRow._fields, ["created_at"])
@@ -82,7 +82,7 @@ _LATEST_DRY_RUN = """
 
 
 _DECIDABLE = "((tool = ANY($6::text[]) AND actor <> $5) OR (tool = ANY($7::text[]) AND actor = $5))"
-"""The calls the approver may decide (``policy.Decidable``: $5 the approver, $6 the tools of
+"""The calls the approver may decide (``rules.Decidable``: $5 the approver, $6 the tools of
 which they may decide others' calls, $7 those of which they may decide their own). A call
 and its approvals carry the same ``tool`` and ``actor``. Filtered here, before a page is cut,
 so that a page is filled with what the approver may decide and ends on one of them."""
