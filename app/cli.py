@@ -131,7 +131,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     token.add_argument("--sub", required=True, help="the user (sub claim)")
     token.add_argument("--tenant", required=True, help="the tenant (tenant claim)")
-    token.add_argument("--roles", default="", help="comma-separated roles")
+    token.add_argument(
+        "--roles",
+        default="",
+        help="roles, separated by commas and/or whitespace ('support,finance_approver' or "
+        "'support finance_approver')",
+    )
     token.add_argument("--ttl", type=_ttl, default=3600, help="seconds valid (%(default)s)")
     demo = commands.add_parser(
         "demo",
@@ -221,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                 return asyncio.run(
                     _audit_verify(settings, args.checkpoints, args.public_key, args.archive)
                 )
-        roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+        from app.auth.tokens import mint, split_roles
+
+        roles = split_roles(args.roles)
         _check_claims(args.sub, args.tenant, roles)
-        from app.auth.tokens import mint
 
         settings = _token_settings(settings)
         settings.check_keys()  # a token serve, given these keys, would never accept
@@ -316,12 +322,14 @@ async def _audit_verify(
 
 
 def _check_claims(sub: str, tenant: str, roles: list[str]) -> None:
-    """Refuse a name the verifier would refuse (``tokens.identifier``): the token would be
-    printed, then every request with it answered a bare 401."""
-    from app.auth.tokens import MAX_IDENTIFIER, identifier
+    """Refuse a name the verifier would refuse (``tokens.identifier``, and for a role
+    ``tokens.role_name``): the token would be printed, then every request with it answered
+    a bare 401."""
+    from app.auth.tokens import MAX_IDENTIFIER, identifier, role_name
 
-    for flag, values in (("--sub", [sub]), ("--tenant", [tenant]), ("--roles", roles)):
-        if not all(identifier(v) for v in values):
+    checks = (("--sub", identifier, [sub]), ("--tenant", identifier, [tenant]))
+    for flag, fits, values in (*checks, ("--roles", role_name, roles)):
+        if not all(fits(v) for v in values):
             raise ConfigError(
                 f"{flag}: not a name toolgate accepts (1 to {MAX_IDENTIFIER} characters, no"
                 " control characters)"

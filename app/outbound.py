@@ -4,7 +4,9 @@ aiohttp's client is used because it was measured at several times httpx's throug
 concurrency on this hardware (see ``bench/``). Library exceptions are translated here into
 two outcomes that matter for exactly-once: the request certainly did not reach the peer
 (``NotSent``), or it may have (``Uncertain``); an answer longer than the caller's limit is
-``TooLarge``, a kind of ``Uncertain``. Redirects are never followed, and cookies
+``TooLarge``, a kind of ``Uncertain``. A mutation is sent ``once``: aiohttp never resends
+it by itself, so that every attempt that may have reached the peer is one toolgate knows
+of, under one operation id. Redirects are never followed, and cookies
 are never kept: one session serves every principal, so a cookie a provider set on one
 user's call would otherwise ride along on the next user's call to that host.
 """
@@ -26,7 +28,9 @@ from app.recordable import recorded
 
 
 class NotSent(Exception):
-    """The peer was not reached; nothing can have happened there."""
+    """The peer was not reached; nothing can have happened there. Certain for a request sent
+    ``once``; for another of an idempotent method, a connect failure may follow a first
+    attempt aiohttp resent, which is why a mutation is sent ``once``."""
 
 
 class Uncertain(Exception):
@@ -72,12 +76,31 @@ class Response(NamedTuple):
     elapsed_ms: float
 
 
-RESENT = frozenset({"PUT", "DELETE"})
-"""Methods of a mutation that aiohttp sends again, over a new connection, when a pooled
-connection drops before the answer: a connect failure then follows a first try that may
-have reached the peer, so it is ``Uncertain``, never ``NotSent``. (aiohttp resends reads
-too; for them, the difference changes nothing.) Finding out per request whether a pooled
-connection was used takes aiohttp's tracing, which costs every request."""
+class _Dropped(aiohttp.ClientError):
+    """A connection that failed after the request may have been written: what aiohttp would
+    answer by sending the request again, under a class it does not resend."""
+
+
+async def _sent_once(
+    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    """A client middleware that makes one request one attempt. aiohttp sends a request of an
+    idempotent method (``GET``, ``HEAD``, ``OPTIONS``, ``TRACE``, ``PUT``, ``DELETE``) a
+    second time, over a new connection, when the first attempt ends in ``ClientOSError`` or
+    ``ServerDisconnectedError``, whether the connection was a kept-alive one or not, and
+    whether or not the peer had already acted. Its middlewares run once per attempt, inside
+    that loop, so this one turns those two into ``_Dropped``, which ends it. A connect
+    failure (``ClientConnectorError``) is left as it is: nothing was written, and aiohttp
+    does not resend it either."""
+    try:
+        return await handler(request)
+    except aiohttp.ClientConnectorError:
+        raise
+    except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+        raise _Dropped(_described(exc)) from exc
+
+
+_ONCE = (_sent_once,)
 
 
 class Outbound:
@@ -105,12 +128,20 @@ class Outbound:
         params: Mapping[str, str] | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
         status_only: bool = False,
+        once: bool = False,
     ) -> Response:
         """Send ``url`` exactly as written: it must already be percent-encoded, and is never
         re-encoded or normalized (``/a/../b`` stays as it is), so the peer receives the path
         the caller built. ``params`` are encoded and appended to its query. ``status_only``:
         the answer's body is not read at all (the connection is closed instead), for a caller
         that judges by the status alone.
+
+        ``once``: the request is written at most once (a mutation's). aiohttp would otherwise
+        send it again by itself when the connection drops before the answer, and a connect
+        failure of that second attempt would read as ``NotSent`` though the first may have
+        acted. With it, a connect failure is always of the only attempt (``NotSent``), and a
+        connection lost after it is ``Uncertain``. Without it (reads, previews, lookups), a
+        kept-alive connection the peer has just closed costs a resend, not a failure.
 
         Raises ``NotSent``, ``Uncertain``, or ``TooLarge`` past ``max_bytes`` of body."""
         assert self._session is not None, "Outbound.start() was not awaited"
@@ -130,6 +161,7 @@ class Outbound:
                 params=params,
                 timeout=_timeout(timeout_s),
                 allow_redirects=False,
+                middlewares=_ONCE if once else None,
             ) as response:
                 status = response.status
                 if status_only:
@@ -138,8 +170,6 @@ class Outbound:
                 else:
                     raw = await _read(response, max_bytes)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            if method in RESENT:
-                raise Uncertain(f"{_described(exc)} (perhaps on resending)") from exc
             raise NotSent(_described(exc)) from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise Uncertain(_described(exc)) from exc

@@ -82,7 +82,10 @@ class ProviderClient:
         call_id: str,
         operation_id: str | None = None,
     ) -> Response:
-        """Forward one call; raises ``NotSent`` / ``Uncertain`` from the transport."""
+        """Forward one call; raises ``NotSent`` / ``Uncertain`` from the transport. A call with
+        an ``operation_id`` is a mutation's execution: it is written at most once (the
+        outbound ``once``), so that ``NotSent`` is certain and anything after the request
+        may have left is ``Uncertain``, whatever the method."""
         headers = {
             "X-Toolgate-Actor": principal.sub,
             "X-Toolgate-Tenant": principal.tenant,
@@ -92,7 +95,7 @@ class ProviderClient:
             headers["Idempotency-Key"] = operation_id
         request = build_request(provider, endpoint, arguments)
         span = tool_call(provider, endpoint, call_id, operation_id)
-        return await self._send(provider, request, headers, span)
+        return await self._send(provider, request, headers, span, once=operation_id is not None)
 
     async def _send(
         self,
@@ -100,6 +103,8 @@ class ProviderClient:
         request: ProviderRequest,
         headers: dict[str, str],
         span: ProviderCall,
+        *,
+        once: bool = False,
     ) -> Response:
         """Send inside the provider span, whose context is the ``traceparent`` sent."""
         all_headers = {**provider.headers, **headers}
@@ -113,6 +118,7 @@ class ProviderClient:
                 json=request.json,
                 params=request.params,
                 max_bytes=provider.max_response_bytes,
+                once=once,
             )
             span.answered(response.status)
         return response

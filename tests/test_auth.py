@@ -162,6 +162,12 @@ BAD_AUTHORIZATIONS: dict[str, Callable[[], str | None]] = {
     "c1_control_in_tenant_claim": lambda: "Bearer " + hs256(claims(tid="ac\x85me")),
     "nul_in_a_role": lambda: "Bearer " + hs256(claims(roles=["support\x00"])),
     "empty_role": lambda: "Bearer " + hs256(claims(roles=[""])),
+    # the same name in the string form would be read as several roles
+    "role_with_a_space_in_a_list": lambda: "Bearer " + hs256(claims(roles=["support admin"])),
+    "role_with_a_tab_in_a_list": lambda: "Bearer " + hs256(claims(roles=["support\tadmin"])),
+    "role_with_a_no_break_space": lambda: "Bearer " + hs256(claims(roles=["support\u00a0x"])),
+    "role_with_an_ideographic_space": lambda: "Bearer " + hs256(claims(roles=["s\u3000x"])),
+    "role_ending_in_a_space": lambda: "Bearer " + hs256(claims(roles=["support "])),
     # longer than an index entry can hold, once stored with every call
     "sub_of_2800_characters": lambda: "Bearer " + hs256(claims(sub="a" * 2800)),
     "sub_of_256_characters": lambda: "Bearer " + hs256(claims(sub="é" * 256)),
@@ -547,3 +553,30 @@ def test_a_jwks_url_is_https_or_on_this_machine(url: str) -> None:
     """Plain http stays possible for an issuer on this machine (a local trial, a sidecar);
     ``test_serve_refuses_a_jwks_url_it_could_never_fetch`` has those refused."""
     assert Settings.from_env({"TOOLGATE_JWKS_URL": url}).jwks_url == url
+
+
+@pytest.mark.parametrize(
+    "roles",
+    [
+        ["support", "finance_approver"],
+        "support finance_approver",
+        " support\tfinance_approver\n",
+        "support\u00a0finance_approver",
+    ],
+)
+async def test_a_list_of_roles_and_a_space_separated_string_are_read_alike(
+    outbound: Outbound, roles: Any
+) -> None:
+    verifier = TokenVerifier(Settings.from_env({"TOOLGATE_JWT_SECRET": SECRET}), outbound)
+    principal = await verifier.verify(hs256(claims(roles=roles)))
+    assert principal.roles == frozenset({"support", "finance_approver"})
+
+
+async def test_a_listed_role_name_holding_whitespace_is_refused_not_read_as_one_role(
+    outbound: Outbound,
+) -> None:
+    """``["support finance_approver"]`` would be one role, and the same words as a string
+    two: a name that the claim's two forms would read differently is refused."""
+    verifier = TokenVerifier(Settings.from_env({"TOOLGATE_JWT_SECRET": SECRET}), outbound)
+    caught = await refused(verifier, hs256(claims(roles=["support finance_approver"])))
+    assert caught.detail == "token claims are malformed"

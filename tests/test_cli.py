@@ -175,13 +175,37 @@ async def test_token_refuses_what_would_mint_a_token_toolgate_refuses(
     assert "Traceback" not in result.stderr
 
 
-async def test_token_roles_are_trimmed() -> None:
-    roles = " support , finance_approver ,"
+@pytest.mark.parametrize(
+    "roles",
+    [
+        " support , finance_approver ,",
+        "support finance_approver",
+        "support,finance_approver",
+        "support, finance_approver",
+        "  support\tfinance_approver  ",
+        ",,support,,, finance_approver",
+    ],
+)
+async def test_token_roles_are_separated_by_commas_or_whitespace_alike(roles: str) -> None:
+    """``--roles "support finance_approver"`` minted one role whose name held a space,
+    though a roles claim written as a string is split on whitespace: either separator, or
+    both, now gives the same two roles, which the server reads as they were meant."""
     args = ("token", "--sub", "a", "--tenant", "t", "--roles", roles)
-    result = await run(*args, env=base_env(TOOLGATE_JWT_SECRET=SECRET))
+    env = base_env(TOOLGATE_JWT_SECRET=SECRET)
+    result = await run(*args, env=env)
     assert result.returncode == 0, result.stderr
     claims = jwt.decode(result.stdout.strip(), SECRET, algorithms=["HS256"])
     assert claims["roles"] == ["support", "finance_approver"]
+    principal = await TokenVerifier(Settings.from_env(env), Outbound()).verify(
+        result.stdout.strip()
+    )
+    assert principal.roles == frozenset({"support", "finance_approver"})
+
+
+async def test_token_help_says_how_roles_are_separated() -> None:
+    result = await run("token", "--help", env=base_env())
+    assert result.returncode == 0, result.stderr
+    assert "commas and/or whitespace" in " ".join(result.stdout.split())
 
 
 async def test_token_without_any_key_signs_with_the_demo_secret_and_says_so() -> None:

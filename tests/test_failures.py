@@ -375,7 +375,7 @@ tools:
   set_thing:
     mutation: true
     provider: flaky
-    execute: {method: PUT, path: "/things/{thing_id}"}
+    execute: {method: ${METHOD}, path: "/things/{thing_id}/set"}
     access: {roles: [support]}
     parameters:
       type: object
@@ -386,63 +386,93 @@ tools:
 """
 
 
-class DroppingProvider:
+class CrashingProvider:
     """A provider that answers the owner lookup on a kept-alive connection, then performs
-    the PUT that comes on that same connection and goes away without answering: it drops
-    the connection and stops listening, as a provider that crashes right after acting."""
+    the mutation that comes on that same connection and goes away without answering: it
+    drops the connection and stops listening, as a provider that crashes right after
+    acting. Started again on the same port, it deduplicates on ``Idempotency-Key`` as
+    providers must: a key it has acted on is answered, not acted on again."""
 
     def __init__(self) -> None:
         self.effects = 0
+        self.keys: list[str] = []
+        """The ``Idempotency-Key`` of every mutation request that reached it."""
+        self.port = 0
+        self.crashed = False
         self.server: asyncio.Server | None = None
 
     async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
+        self.crashed = False
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = int(self.server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self.server is not None
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
                 lines = head.decode().split("\r\n")
-                length = next(
-                    (
-                        int(v)
-                        for k, _, v in (h.partition(":") for h in lines[1:])
-                        if k.lower() == "content-length"
-                    ),
-                    0,
-                )
-                await reader.readexactly(length)
-                if lines[0].startswith("PUT "):
-                    self.effects += 1
-                    self.server.close()
-                    writer.close()
-                    return
-                body = b'{"tenant": "acme", "user": "alice"}'
+                headers = {
+                    k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])
+                }
+                await reader.readexactly(int(headers.get("content-length", 0)))
+                if "/set" in lines[0]:
+                    key = headers["idempotency-key"]
+                    self.keys.append(key)
+                    if self.keys.count(key) == 1:
+                        self.effects += 1
+                        self.crashed = True
+                        self.server.close()
+                        writer.close()
+                        return
+                    body = b'{"id": "th_1", "replayed": true}'
+                else:
+                    body = b'{"tenant": "acme", "user": "alice"}'
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
                 )
                 await writer.drain()
-        except asyncio.IncompleteReadError:
+        except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
 
-async def test_a_put_dropped_after_it_reached_the_provider_is_unknown_not_unsent(
-    env: dict[str, str], auth: Auth, tmp_path: Path, db: asyncpg.Connection
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH", "POST"])
+async def test_a_mutation_dropped_after_it_reached_the_provider_is_unknown_whatever_its_method(
+    env: dict[str, str], auth: Auth, tmp_path: Path, db: asyncpg.Connection, method: str
 ) -> None:
-    """An idempotent-method request that fails on a reused connection is retried by the HTTP
-    library on a new one; that reconnect failing does not make the first send unsent. The
-    provider may have acted: the key is kept and the outcome is unknown (504), never "nothing
-    ran", which would free the key (and the approval) for a second effect."""
-    provider = DroppingProvider()
+    """The HTTP client would send a request of an idempotent method (``GET``, ``PUT``,
+    ``DELETE``) again over a new connection when the first drops before the answer; that
+    reconnect failing made the first send look unsent, freeing the key (and the approval)
+    for a second effect under a new operation id. A mutation is sent once: the provider
+    may have acted, so the outcome is unknown (504) and the key kept; the client's retry
+    with the same key sends the same operation id, which the provider deduplicates."""
+    provider = CrashingProvider()
     port = await provider.start()
-    (tmp_path / "flaky.yaml").write_text(KEPT_ALIVE_CATALOG)
-    catalog = {"TOOLGATE_CATALOG": str(tmp_path), "FLAKY_PORT": str(port)}
-    async with running_app({**env, **catalog}) as client:
-        flow = Flow(client, auth)
-        response = await flow.execute("set_thing", {"thing_id": "th_1"}, new_key())
+    catalog = KEPT_ALIVE_CATALOG.replace("${METHOD}", method)
+    (tmp_path / "flaky.yaml").write_text(catalog)
+    settings = {"TOOLGATE_CATALOG": str(tmp_path), "FLAKY_PORT": str(port)}
+    key = new_key()
+    try:
+        async with running_app({**env, **settings}) as client:
+            flow = Flow(client, auth)
+            first = await flow.execute("set_thing", {"thing_id": "th_1"}, key)
+            assert (first.status_code, first.json()["code"]) == (504, "provider_timeout")
+            assert first.json()["status"] == "unknown"
+            assert await db.fetchval("SELECT state FROM executions") == "unknown"
+            assert (provider.crashed, len(provider.keys)) == (True, 1)  # sent once, not twice
+
+            await provider.start()
+            retry = await flow.execute("set_thing", {"thing_id": "th_1"}, key)
+    finally:
+        await provider.stop()
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["status"] == "succeeded"
     assert provider.effects == 1
-    assert (response.status_code, response.json()["code"]) == (504, "provider_timeout")
-    assert response.json()["status"] == "unknown"
-    assert await db.fetchval("SELECT state FROM executions") == "unknown"
+    assert len(set(provider.keys)) == 1  # one operation id, sent twice, acted on once
+    assert await db.fetchval("SELECT count(*) FROM executions") == 1

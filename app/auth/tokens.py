@@ -189,7 +189,7 @@ class TokenVerifier:
             not identifier(sub)
             or not identifier(tenant)
             or not isinstance(roles, list)
-            or not all(identifier(r) for r in roles)
+            or not all(role_name(r) for r in roles)
         ):
             raise Unauthenticated("token claims are malformed")
         sid = claims.get("sid")
@@ -230,6 +230,21 @@ def identifier(claim: Any) -> TypeGuard[str]:
     if claim.isascii():
         return claim.isprintable()
     return not any(unicodedata.category(c) in ("Cc", "Cs") for c in claim)
+
+
+def role_name(claim: Any) -> TypeGuard[str]:
+    """An ``identifier`` without whitespace: the roles claim may be one space-separated
+    string, which is split on whitespace, so ``"support finance_approver"`` inside a list
+    would be one role here and two in the string form. A name no form can carry is refused
+    rather than read one way or the other."""
+    return identifier(claim) and not any(c.isspace() for c in claim)
+
+
+def split_roles(text: str) -> list[str]:
+    """Role names written as people write lists, separated by commas, whitespace, or both
+    (``"support, finance_approver"``, ``"support finance_approver"``): each the name the
+    verifier would read from the same words in a space-separated roles claim."""
+    return text.replace(",", " ").split()
 
 
 def mint(settings: Settings, sub: str, tenant: str, roles: list[str], ttl_s: int) -> str:

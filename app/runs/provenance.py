@@ -8,17 +8,34 @@ its characters lies in some window the run remembers. That holds when the argume
 inside one remembered value, and also when it was pieced together from parts of at least 8
 characters each, taken from one or several values (a split value).
 
-Normalization (both sides, so case, padding, spacing and accents do not hide a value):
+Normalization (both sides, so case, padding, separators and accents do not hide a value):
 NFKC, case folding, then NFKD, which takes accents off their letters as combining marks;
-then every character that is not a letter, digit or symbol is dropped (marks, whitespace,
-punctuation, control and invisible format characters such as a zero-width space), and so is
-every character that renders as nothing (``_INVISIBLE``). ``DE89 3704-0044.0532 0130 00``
-and ``de89370400440532013000`` are one value, and so are ``Zoë`` and ``zoe``: a value that
-differs from a remembered one only by its accents counts as copied.
+then only **letters and digits** are kept, and every other character separates nothing: it
+is dropped, whatever its kind (whitespace, punctuation, symbols such as ``|``, ``+``, ``→``
+or ``│``, marks, control and format characters, private-use and unassigned code points).
+``DE89 3704-0044.0532 0130 00``, ``DE89|3704|0044|0532|0130|00`` and
+``de89370400440532013000`` are one value, and so are ``Zoë`` and ``zoe``: a value that
+differs from a remembered one only by its accents or separators counts as copied.
+
+What "letters and digits" means here, chosen as an attacker would probe it:
+
+* a letter is a character of a Unicode ``L`` category, except modifier letters (``Lm``):
+  many of them look like punctuation (U+02C8 a vertical line, U+02D0 a colon, U+02BC an
+  apostrophe) and would otherwise split a value unseen; dropping them only makes more
+  values look alike, never fewer;
+* a digit is any ``N`` character (the numbers of every script); a decimal digit of any
+  script (``Nd``: Arabic-Indic or Devanagari three) counts as the ASCII digit of the same
+  value, since many parsers (Python's ``int`` among them) read it so, and a provider would
+  act on the number it reads;
+* combining marks are not letters: after NFKD they are the accents taken off, and the same
+  marks stacked on a copied value hide nothing;
+* characters that render as nothing (``_INVISIBLE``) are dropped even when Unicode files
+  them as letters (a Hangul filler).
 
 What this cannot see: a value the model transformed (translated, re-encoded, reordered,
-spelled out), parts shorter than 8 characters, and an argument that wraps a remembered value
-in text of its own (only whole arguments are judged).
+spelled out, written with look-alike letters of another script), parts shorter than 8
+characters, and an argument that wraps a remembered value in text of its own (only whole
+arguments are judged).
 """
 
 from __future__ import annotations
@@ -32,8 +49,6 @@ from typing import Any
 
 WINDOW = 8
 """Characters per window; also the shortest argument that is judged."""
-_KEPT = ("L", "N", "S")
-"""Unicode general categories that survive normalization (by first letter)."""
 
 
 _INVISIBLE = frozenset(
@@ -65,9 +80,50 @@ blank, which renders as a space. Some are letters or symbols (a Hangul filler, t
 blank), so the categories alone would keep them."""
 
 
+class _Folding(dict[int, int | None]):
+    """What each code point becomes once composed forms are taken apart: a ``str.translate``
+    table (``None`` drops it), filled as characters are first met. ASCII is filled at import;
+    beyond 65,536 entries nothing more is kept, so text made of every code point cannot grow
+    it without end (such a character is worked out again each time)."""
+
+    def __missing__(self, code: int) -> int | None:
+        char = chr(code)
+        category = unicodedata.category(char)
+        kept: int | None = None
+        if category == "Nd":
+            kept = ord("0") + unicodedata.decimal(char)
+        elif category[0] in "LN" and category != "Lm" and char not in _INVISIBLE:
+            kept = code
+        if len(self) < 65_536:
+            self[code] = kept
+        return kept
+
+
+_FOLDING = _Folding()
+for _code in range(128):
+    _FOLDING.__missing__(_code)
+
+_ASCII_SEPARATORS = str.maketrans(
+    "", "", "".join(c for c in map(chr, range(128)) if not c.isalnum())
+)
+"""The same table for text that is all ASCII, which needs no Unicode normalization: there
+NFKC and NFKD change nothing and case folding is ``lower``, so the common case is two
+passes in C."""
+
+
 def normalized(text: str) -> str:
+    """``text`` as provenance compares it (see the module's docstring): letters and digits
+    only, case folded, without accents.
+
+    Runs store the windows of this form when a result is returned, and they are never
+    recomputed: a run lasts at most an hour and its memory goes with it. So a change of
+    these rules needs no migration, but a run that spans the change is judged against
+    windows of the older form; a string of letters and ASCII digits (spacing and punctuation
+    aside) has the same windows under both, others may not (``docs/api.md``)."""
+    if text.isascii():
+        return text.lower().translate(_ASCII_SEPARATORS)
     folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
-    return "".join(c for c in folded if unicodedata.category(c)[0] in _KEPT and c not in _INVISIBLE)
+    return folded.translate(_FOLDING)
 
 
 def windows(text: str) -> list[int]:
