@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from app.audit import archive
+from app.audit import archive, checkpoints
 from app.calls import store as calls
 from app.db import Connection, Database, Lock
 from app.errors import Unavailable
@@ -106,7 +106,11 @@ async def purge(
         if settings.audit_retention_days:
             cutoff = now - timedelta(days=settings.audit_retention_days)
             removed["audit rows"] = await archive.remove_months(
-                db, cutoff, settings.audit_archive_dir
+                db,
+                cutoff,
+                settings.audit_archive_dir,
+                retention_days=settings.audit_retention_days,
+                key=checkpoints.signing_key(settings),
             )
     return {table: n for table, n in removed.items() if n}
 

@@ -143,6 +143,7 @@ async def test_rows_are_sealed_right_after_requests_and_the_chain_verifies(
         "signed": False,
         "key_id": None,
         "removed_through": 0,
+        "anchor_signed": False,
     }
     items = (await client.get("/audit", headers=admin(auth))).json()["items"]
     assert [i["event"] for i in items] == ["proposed", "proposed", "denied"]

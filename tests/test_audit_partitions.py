@@ -26,7 +26,8 @@ from app.audit.models import Anchor, Archived, AuditRow, ChainHead, Checkpoint
 from app.audit.service import verify
 from app.db import Database, Lock, migrate, migration_files
 from app.settings import Settings
-from tests.conftest import RUN, cli, fresh_database
+from tests.conftest import RUN, cli, fresh_database, running_app
+from tests.flows import Auth
 from tests.test_audit_chain import connect
 from tests.test_audit_hash import row
 
@@ -121,7 +122,7 @@ async def test_old_months_are_archived_dropped_and_verified_across_the_archive(
     await seal(trail)
     items = await published(trail)
 
-    removed = await archive.remove_months(trail.db, end_of(B), tmp_path)
+    removed = await archive.remove_months(trail.db, end_of(B), tmp_path, retention_days=1, key=None)
 
     assert removed == 6
     left = await partitions(trail.conn)
@@ -223,9 +224,11 @@ async def test_no_month_goes_while_a_verification_reads_the_chain(trail: Trail) 
         await write(trail.conn, month, 2)
     await seal(trail)
     async with trail.db.sharing(Lock.CHAIN):  # what a verification holds while it walks
-        assert await archive.remove_months(trail.db, end_of(B), None) == 0
+        assert (
+            await archive.remove_months(trail.db, end_of(B), None, retention_days=1, key=None) == 0
+        )
         assert named(A) <= await partitions(trail.conn)
-    assert await archive.remove_months(trail.db, end_of(B), None) == 4
+    assert await archive.remove_months(trail.db, end_of(B), None, retention_days=1, key=None) == 4
     assert not (named(A) | named(B)) & await partitions(trail.conn)
     report = await verify(trail.db)
     assert (report.ok, report.checked, report.removed_through) == (True, 0, 4), report
@@ -239,14 +242,18 @@ async def test_a_month_with_unsealed_rows_stays_and_a_late_row_cuts_after_later_
     await seal(trail)
     await write(trail.conn, A, 1, day=20)  # committed late: sealed after B's rows
 
-    assert await archive.remove_months(trail.db, end_of(B), tmp_path) == 0
+    assert (
+        await archive.remove_months(trail.db, end_of(B), tmp_path, retention_days=1, key=None) == 0
+    )
     assert named(A) <= await partitions(trail.conn)
     assert list(tmp_path.iterdir()) == []
 
     await seal(trail)
     # A's last row is at position 5, after B's two rows: the cut takes them along, so B's
     # month goes at position 5 with nothing left to archive.
-    assert await archive.remove_months(trail.db, end_of(A), tmp_path) == 5
+    assert (
+        await archive.remove_months(trail.db, end_of(A), tmp_path, retention_days=1, key=None) == 5
+    )
     assert await trail.conn.fetchval("SELECT count(*) FROM audit_events") == 0
     assert await trail.conn.fetchval("SELECT count(*) FROM audit_seals") == 0
     assert named(B) <= await partitions(trail.conn)
@@ -254,7 +261,9 @@ async def test_a_month_with_unsealed_rows_stays_and_a_late_row_cuts_after_later_
     assert tuple(record) == (1, 5, 5)
     report = await verify(trail.db)
     assert (report.ok, report.removed_through, report.sealed_through) == (True, 5, 5), report
-    assert await archive.remove_months(trail.db, end_of(B), tmp_path) == 0
+    assert (
+        await archive.remove_months(trail.db, end_of(B), tmp_path, retention_days=1, key=None) == 0
+    )
     assert not named(B) & await partitions(trail.conn)
     code, out = await audit_verify(trail, tmp_path)
     assert code == 0, out
@@ -268,7 +277,12 @@ async def test_an_archive_that_cannot_be_written_removes_nothing(
     blocked = tmp_path / "a-file"
     blocked.write_text("")
 
-    assert await archive.remove_months(trail.db, end_of(A), blocked / "archive") == 0
+    assert (
+        await archive.remove_months(
+            trail.db, end_of(A), blocked / "archive", retention_days=1, key=None
+        )
+        == 0
+    )
 
     assert named(A) <= await partitions(trail.conn)
     assert await trail.conn.fetchval("SELECT count(*) FROM audit_events") == 2
@@ -292,7 +306,9 @@ async def test_an_archive_file_is_private_and_never_written_through_a_planted_li
     name = f"audit-{A:%Y-%m}-000000000001-000000000002.ndjson"
     (directory / f".{name}.partial").symlink_to(victim)
 
-    assert await archive.remove_months(trail.db, end_of(A), directory) == 2
+    assert (
+        await archive.remove_months(trail.db, end_of(A), directory, retention_days=1, key=None) == 2
+    )
 
     assert victim.read_bytes() == b"the signing key"
     assert [p.name for p in directory.iterdir()] == [name]
@@ -424,7 +440,11 @@ async def test_a_database_with_sealed_rows_migrates_from_0014_and_its_chain_stil
 
             applied = await migrate(url)
 
-            assert applied == ["0015_audit_seals", "0016_audit_partitions", "0017_decided_by_tool"]
+            assert applied[:3] == [
+                "0015_audit_seals",
+                "0016_audit_partitions",
+                "0017_decided_by_tool",
+            ]
             assert named(A) | named(THIS_MONTH.date()) <= await partitions(conn)
             assert await conn.fetchval("SELECT count(*) FROM audit_seals") == 3
             db = Database(url)
@@ -446,16 +466,16 @@ async def test_a_database_with_sealed_rows_migrates_from_0014_and_its_chain_stil
 async def test_a_checkpoint_of_a_removed_position_newer_than_the_retention_fails_verify(
     trail: Trail, tmp_path: Path
 ) -> None:
-    """The anchor is not signed: a database writer can move it forward over young rows and
-    delete them. A published checkpoint of a removed position betrays it when it was signed
-    inside the audit retention, which no rightful removal can be."""
+    """A published checkpoint of a removed position betrays a cut made too early when it
+    was signed inside the audit retention, which no rightful removal can be; without a
+    retention configured, the one the signed start of the chain records is the rule."""
     key = checkpoints.SigningKey.generate()
     await write(trail.conn, A, 2)
     await write(trail.conn, B, 2)
     await sealer.seal_all(trail.db, grace_s=0, key=key)
     seals = await trail.conn.fetch("SELECT chain_pos, hash FROM audit_seals")
     hashes = {r["chain_pos"]: r["hash"] for r in seals}
-    assert await archive.remove_months(trail.db, end_of(A), None) == 2
+    assert await archive.remove_months(trail.db, end_of(A), None, retention_days=30, key=key) == 2
 
     def signed_at(position: int, at: datetime) -> tuple[int, Checkpoint]:
         head = ChainHead(position, hashes[position], position)
@@ -467,7 +487,8 @@ async def test_a_checkpoint_of_a_removed_position_newer_than_the_retention_fails
     days = timedelta(days=30)
     report = await verify(trail.db, key.public, [rightful, kept], horizon=days)
     assert (report.ok, report.removed_through, report.first_broken) == (True, 2, None), report
-    assert (await verify(trail.db, key.public, [hidden])).ok, "without a horizon, passed over"
+    report = await verify(trail.db, key.public, [hidden])  # the anchor's own 30 days
+    assert not report.ok, report
     report = await verify(trail.db, key.public, [kept, hidden], horizon=days)
     assert not report.ok, report
     assert report.first_broken is not None
@@ -477,7 +498,8 @@ async def test_a_checkpoint_of_a_removed_position_newer_than_the_retention_fails
     unsigned = (1, dataclasses.replace(signed_at(1, NOW)[1], signature=None))
     assert (await verify(trail.db, key.public, [unsigned], horizon=days)).ok
 
-    # `toolgate audit verify` judges by the instances' TOOLGATE_AUDIT_RETENTION_DAYS.
+    # `toolgate audit verify` judges by the instances' TOOLGATE_AUDIT_RETENTION_DAYS, or,
+    # with none, by the retention the signed start of the chain records.
     published_file, public_file = tmp_path / "checkpoints.ndjson", tmp_path / "audit.pub"
     published_file.write_bytes(checkpoints.record(hidden[1]))
     public_file.write_text(key.public.pem())
@@ -490,8 +512,142 @@ async def test_a_checkpoint_of_a_removed_position_newer_than_the_retention_fails
         str(public_file),
     )
     done = await asyncio.to_thread(cli, *argv, TOOLGATE_DATABASE_URL=trail.url)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "inside the 30-day audit retention" in done.stdout
     retention = {"TOOLGATE_RETENTION_DAYS": "30", "TOOLGATE_AUDIT_RETENTION_DAYS": "30"}
     done = await asyncio.to_thread(cli, *argv, TOOLGATE_DATABASE_URL=trail.url, **retention)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "removed before their time" in done.stdout
+
+
+async def as_retention(conn: asyncpg.Connection, days: int, sql: str, *args: object) -> None:
+    """``sql`` in a transaction that states the retention horizon, as retention's does."""
+    async with conn.transaction():
+        await conn.execute(
+            "SELECT set_config('toolgate.audit_retention_days', $1, true)", str(days)
+        )
+        await conn.execute(sql, *args)
+
+
+async def test_the_database_moves_the_start_of_the_chain_for_retention_only(
+    trail: Trail,
+) -> None:
+    await write(trail.conn, A, 3)
+    await seal(trail)
+    start = await trail.conn.fetchrow("SELECT hash, at FROM audit_seals WHERE chain_pos = 2")
+    assert start is not None
+    insert = (
+        "INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps, retention_days)"
+        " VALUES (2, $1, $2, 2, $3)"
+    )
+    refused = asyncpg.InsufficientPrivilegeError
+    with pytest.raises(refused):  # no retention stated
+        await trail.conn.execute(insert, start["hash"], start["at"], None)
+    with pytest.raises(refused):  # stated, but its rows are younger than that
+        await as_retention(trail.conn, 400, insert, start["hash"], start["at"], 400)
+    with pytest.raises(refused):  # a horizon stated, another one recorded
+        await as_retention(trail.conn, 30, insert, start["hash"], start["at"], 1)
+    with pytest.raises(refused):  # below a start that never moved, rows stay
+        await trail.conn.execute("DELETE FROM audit_events WHERE seq = 1")
+    assert await trail.conn.fetchval("SELECT count(*) FROM audit_anchor") == 0
+
+    assert await archive.remove_months(trail.db, end_of(A), None, retention_days=30, key=None) == 3
+    anchor = await store.anchor(trail.conn)
+    assert (anchor.chain_pos, anchor.retention_days) == (3, 30)
+    with pytest.raises(refused):
+        await trail.conn.execute("DELETE FROM audit_anchor")
+    with pytest.raises(refused):  # never back, even as retention
+        await as_retention(trail.conn, 30, "UPDATE audit_anchor SET chain_pos = 1")
+
+
+async def cut_past_the_guard(conn: asyncpg.Connection, through: int) -> None:
+    """What a writer with the tables' owner rights can do: get past the anchor's trigger,
+    move the start of the chain to ``through`` (counting the seqs it removes, so the
+    accounting adds up) and delete the rows below it, which the delete triggers allow."""
+    await conn.execute("ALTER TABLE audit_anchor DISABLE TRIGGER audit_anchor_moved_by_retention")
+    await conn.execute(
+        "INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)"
+        " SELECT chain_pos, hash, at, chain_pos FROM audit_seals WHERE chain_pos = $1",
+        through,
+    )
+    await conn.execute("ALTER TABLE audit_anchor ENABLE TRIGGER audit_anchor_moved_by_retention")
+    await conn.execute(
+        "DELETE FROM audit_events e USING audit_seals s"
+        " WHERE s.chain_pos <= $1 AND s.seq = e.seq AND s.at = e.at",
+        through,
+    )
+    await conn.execute("DELETE FROM audit_seals WHERE chain_pos <= $1", through)
+
+
+async def test_a_start_cut_without_retention_fails_verify_the_command_and_the_api(
+    trail: Trail, tmp_path: Path, env: dict[str, str], auth: Auth
+) -> None:
+    """With no audit retention configured (the default), a writer moved the start of the
+    chain over young rows and deleted them. Verify once passed it: it judged no checkpoint
+    of a removed position without a retention to judge by, and the start was not signed."""
+    key = checkpoints.SigningKey.generate()
+    await write(trail.conn, C, 6)
+    await sealer.seal_all(trail.db, grace_s=0, key=key)
+    seals = await trail.conn.fetch("SELECT chain_pos, hash, at FROM audit_seals")
+    exported = [
+        (n, key.sign(ChainHead(r["chain_pos"], r["hash"], r["chain_pos"]), chain.rfc3339(r["at"])))
+        for n, r in enumerate(sorted(seals, key=lambda r: r["chain_pos"]), start=1)
+    ]
+    assert (await verify(trail.db, key.public, exported)).ok
+    await cut_past_the_guard(trail.conn, 4)
+
+    unsigned = await verify(trail.db, key.public)
+    assert not unsigned.ok
+    assert unsigned.first_broken is not None
+    assert "not signed by key" in unsigned.first_broken.reason
+    keyless = await verify(trail.db, None, exported)
+    assert not keyless.ok
+    assert keyless.first_broken is not None
+    assert "no audit retention allows removing rows" in keyless.first_broken.reason
+
+    published_file, public_file = tmp_path / "checkpoints.ndjson", tmp_path / "audit.pub"
+    published_file.write_bytes(b"".join(checkpoints.record(c) for _, c in exported))
+    public_file.write_text(key.public.pem())
+    for public in ([], ["--public-key", str(public_file)]):
+        argv = ("audit", "verify", "--checkpoints", str(published_file), *public)
+        done = await asyncio.to_thread(cli, *argv, TOOLGATE_DATABASE_URL=trail.url)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "BROKEN" in done.stdout
+        assert "removed by retention" not in done.stdout
+
+    key_file = tmp_path / "audit.key"
+    key.save(key_file)
+    served = {
+        **env,
+        "TOOLGATE_DATABASE_URL": trail.url,
+        "TOOLGATE_AUDIT_SIGNING_KEY": str(key_file),
+    }
+    async with running_app(served) as client:
+        answer = (
+            await client.get("/audit/verify", headers=auth(sub="erin", roles="auditor"))
+        ).json()
+    assert (answer["ok"], answer["removed_through"], answer["anchor_signed"]) == (False, 4, False)
+
+
+async def test_a_start_retention_cut_and_signed_verifies_and_a_forged_one_does_not(
+    trail: Trail,
+) -> None:
+    key = checkpoints.SigningKey.generate()
+    await write(trail.conn, A, 2)
+    await write(trail.conn, B, 2)
+    await sealer.seal_all(trail.db, grace_s=0, key=key)
+    assert await archive.remove_months(trail.db, end_of(A), None, retention_days=30, key=key) == 2
+    report = await verify(trail.db, key.public)
+    assert (report.ok, report.removed_through, report.anchor_signed) == (True, 2, True), report
+    assert "removed by retention, signed" in report.summary()
+    # Another key's signature, or a start moved further on, is not retention's.
+    other = checkpoints.SigningKey.generate()
+    assert not (await verify(trail.db, other.public)).ok
+    await trail.conn.execute(
+        "ALTER TABLE audit_anchor DISABLE TRIGGER audit_anchor_moved_by_retention"
+    )
+    await trail.conn.execute("UPDATE audit_anchor SET chain_pos = 3")
+    await trail.conn.execute(
+        "ALTER TABLE audit_anchor ENABLE TRIGGER audit_anchor_moved_by_retention"
+    )
+    assert not (await verify(trail.db, key.public)).ok

@@ -46,6 +46,7 @@ import orjson
 import rfc8785
 
 from app.audit import chain, store
+from app.audit.checkpoints import SigningKey
 from app.audit.models import Anchor, Archived, Broken
 from app.db import Connection, Database, DatabaseError, Lock, LockNotAvailable, try_xact_lock
 from app.durable import sync_directory
@@ -88,24 +89,42 @@ async def maintain(conn: Connection, now: datetime) -> None:
         )
 
 
-async def remove_months(db: Database, before: datetime, directory: Path | None) -> int:
-    """Remove, oldest first, every month wholly before ``before`` that can go now; chain
-    positions removed. A month that cannot (rows unsealed, archive not written, locks not
+async def remove_months(
+    db: Database,
+    before: datetime,
+    directory: Path | None,
+    *,
+    retention_days: int,
+    key: SigningKey | None,
+) -> int:
+    """Remove, oldest first, every month wholly before ``before`` (at least
+    ``retention_days`` ago, the audit retention the cut is made under) that can go now;
+    chain positions removed. The new start of the chain records that retention and is
+    signed with ``key`` when there is one, so verify can tell it from a start moved by
+    anyone else. A month that cannot go (rows unsealed, archive not written, locks not
     granted in time) stops the pass: later months wait behind it."""
+    if before > datetime.now(UTC) - timedelta(days=retention_days):
+        raise ValueError("months are removed only when older than the audit retention")
     removed = 0
     async with db.connection() as conn:
         months = await store.months(conn)
     for month in months:
         if bounds(month)[1] > before:
             break
-        done = await _remove(db, month, directory)
+        done = await _remove(db, month, directory, retention_days, key)
         if done is None:
             break
         removed += done
     return removed
 
 
-async def _remove(db: Database, month: date, directory: Path | None) -> int | None:
+async def _remove(
+    db: Database,
+    month: date,
+    directory: Path | None,
+    retention_days: int,
+    key: SigningKey | None,
+) -> int | None:
     first, end = bounds(month)
     async with db.connection() as conn:
         if await store.unsealed_between(conn, first, end):
@@ -137,7 +156,12 @@ async def _remove(db: Database, month: date, directory: Path | None) -> int | No
                 return None
             if archived is not None:
                 await store.record_archive(conn, archived)
-            removed = await store.remove_month(conn, month, first, end, anchor, last)
+            moved = anchor
+            if last > anchor.chain_pos:  # else the month holds no chained row: nothing cut
+                moved = await store.next_anchor(conn, anchor, last, retention_days)
+                if key is not None:
+                    moved = key.sign_anchor(moved)
+            removed = await store.remove_month(conn, month, first, end, anchor, moved)
     except LockNotAvailable:
         log.warning("audit month %s kept for now: its tables were busy", f"{month:%Y-%m}")
         return None

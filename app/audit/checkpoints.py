@@ -38,7 +38,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from app.audit.models import Broken, ChainHead, Checkpoint
+from app.audit.models import Anchor, Broken, ChainHead, Checkpoint
 from app.canonical import canonical
 from app.settings import ConfigError, Settings
 
@@ -55,6 +55,21 @@ def payload(checkpoint: Checkpoint) -> bytes:
             "sealed_through": checkpoint.sealed_through,
             "at": checkpoint.at,
             "key_id": checkpoint.key_id,
+        }
+    )
+
+
+def anchor_payload(anchor: Anchor) -> bytes:
+    """The bytes an anchor's signature covers: where the chain starts, and the retention it
+    was cut under."""
+    return canonical(
+        {
+            "anchor": anchor.chain_pos,
+            "hash": anchor.hash,
+            "at": anchor.at.isoformat() if anchor.at else None,
+            "outside_gaps": anchor.outside_gaps,
+            "retention_days": anchor.retention_days,
+            "key_id": anchor.key_id,
         }
     )
 
@@ -85,8 +100,16 @@ class PublicKey:
     def vouches_for(self, checkpoint: Checkpoint) -> bool:
         if checkpoint.key_id != self.key_id or checkpoint.signature is None:
             return False
+        return self._verifies(checkpoint.signature, payload(checkpoint))
+
+    def vouches_for_anchor(self, anchor: Anchor) -> bool:
+        if anchor.key_id != self.key_id or anchor.signature is None:
+            return False
+        return self._verifies(anchor.signature, anchor_payload(anchor))
+
+    def _verifies(self, signature: str, signed: bytes) -> bool:
         try:
-            self._key.verify(bytes.fromhex(checkpoint.signature), payload(checkpoint))
+            self._key.verify(bytes.fromhex(signature), signed)
         except (InvalidSignature, ValueError):
             return False
         return True
@@ -127,6 +150,10 @@ class SigningKey:
             raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
         with os.fdopen(fd, "wb") as out:
             out.write(pem)
+
+    def sign_anchor(self, anchor: Anchor) -> Anchor:
+        unsigned = replace(anchor, key_id=self.public.key_id, signature=None)
+        return replace(unsigned, signature=self._key.sign(anchor_payload(unsigned)).hex())
 
     def sign(self, head: ChainHead, at: str) -> Checkpoint:
         unsigned = Checkpoint(
@@ -195,6 +222,20 @@ def head_problem(head: Checkpoint | None, public: PublicKey | None) -> Broken | 
     else:
         return None
     return Broken(None, head.chain_pos, reason)
+
+
+def anchor_problem(anchor: Anchor, public: PublicKey | None) -> Broken | None:
+    """What is wrong with where the chain starts, as far as ``public`` can tell: retention
+    signs the anchor when it cuts the chain, so a moved start that the key does not vouch for
+    was moved by someone without it (and the rows before it deleted)."""
+    if anchor.chain_pos == 0 or public is None or public.vouches_for_anchor(anchor):
+        return None
+    return Broken(
+        None,
+        anchor.chain_pos,
+        f"the chain starts after position {anchor.chain_pos}, but that start is not signed by "
+        f"key {public.key_id}: rows were removed from the start of the chain without the key",
+    )
 
 
 def record(checkpoint: Checkpoint) -> bytes:
@@ -275,23 +316,33 @@ row seconds after it commits, unless it was stopped (which verify reports as sta
 
 def removed_early(
     exported: Iterable[Exported],
-    removed_through: int,
+    anchor: Anchor,
     public: PublicKey | None,
     horizon: timedelta | None,
 ) -> Broken | None:
-    """A published checkpoint at a position retention removed, signed so recently that its
-    row cannot yet have been older than the audit retention (``horizon``; none: rows are
-    kept, and nothing is judged): the chain's start (the anchor, which is not signed) was
-    moved forward to hide newer rows. Only checkpoints ``public`` vouches for count, when
+    """A published checkpoint of a position the chain no longer holds (at or below its
+    start, the anchor), which no retention could have removed: one signed so recently that
+    its row cannot yet have been older than the audit retention, or, with no retention to
+    judge by, any at all. The retention is ``horizon`` (the configured one), else the one the
+    anchor was cut under when ``public`` vouches for the anchor; with neither, rows were
+    removed while nothing allowed it. Only checkpoints ``public`` vouches for count, when
     given; ``SEALING_SLACK`` allows for a sealer that was behind."""
-    if horizon is None:
-        return None
+    if horizon is None and anchor.retention_days and public and public.vouches_for_anchor(anchor):
+        horizon = timedelta(days=anchor.retention_days)
     now = datetime.now(UTC)
     for line, published in exported:
-        if published.chain_pos > removed_through:
+        if published.chain_pos > anchor.chain_pos:
             continue
         if public is not None and not public.vouches_for(published):
             continue
+        if horizon is None:
+            return Broken(
+                None,
+                published.chain_pos,
+                f"position {published.chain_pos} is gone (the chain starts after "
+                f"{anchor.chain_pos}), but the checkpoint on line {line} proves it was sealed "
+                "and no audit retention allows removing rows: rows were cut from the start",
+            )
         try:
             signed = datetime.fromisoformat(published.at)
         except ValueError:
@@ -301,7 +352,7 @@ def removed_early(
                 None,
                 published.chain_pos,
                 f"retention removed position {published.chain_pos} (through "
-                f"{removed_through}), but the checkpoint on line {line} shows it sealed at "
+                f"{anchor.chain_pos}), but the checkpoint on line {line} shows it sealed at "
                 f"{published.at}, inside the {horizon.days}-day audit retention: rows were "
                 "removed before their time",
             )

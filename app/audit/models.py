@@ -135,6 +135,12 @@ class Anchor:
     hash: str = "sha256:" + "0" * 64
     at: datetime | None = None
     outside_gaps: int = 0
+    retention_days: int | None = None
+    """The audit retention it was moved under (``None``: moved before this was recorded)."""
+    key_id: str | None = None
+    signature: str | None = None
+    """Retention's signature over the anchor (``app.audit.checkpoints.anchor_payload``),
+    with the audit signing key, when it held one."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +229,8 @@ class VerifyReport:
     """Chain positions up to here were removed by retention; the walk starts after them."""
     removed_before: datetime | None = None
     """The time of the last removed row."""
+    anchor_signed: bool = False
+    """The chain's start (where retention cut it) carries a signature that verified."""
     archived: int = 0
     """Rows of archive files recomputed and found intact (``verify --archive``)."""
     archive_files: int = 0
@@ -239,6 +247,7 @@ class VerifyReport:
             "signed": self.signed,
             "key_id": self.key_id,
             "removed_through": self.removed_through,
+            "anchor_signed": self.anchor_signed,
         }
 
     def summary(self) -> str:
@@ -253,10 +262,11 @@ class VerifyReport:
         if self.archive_files:
             lines.append(f"checked {self.archived} archived rows in {self.archive_files} files")
         if self.removed_through:
-            lines.append(
-                f"positions 1..{self.removed_through} removed by retention (rows up to "
-                f"{self.removed_before.isoformat() if self.removed_before else '?'})"
+            until = self.removed_before.isoformat() if self.removed_before else "?"
+            how = (
+                "by retention, signed" if self.anchor_signed else "(the chain's start is unsigned)"
             )
+            lines.append(f"positions 1..{self.removed_through} removed {how} (rows up to {until})")
         if self.first_broken is not None:
             broken = self.first_broken
             where = f"seq {broken.seq}" if broken.seq is not None else "end of chain"
@@ -341,3 +351,8 @@ class Verification(BaseModel):
     stalled: int
     signed: bool
     key_id: str | None
+    removed_through: int
+    """Chain positions up to here are gone: the walk starts after them."""
+    anchor_signed: bool
+    """Where the chain was cut (``removed_through``) is signed by toolgate's key: retention
+    cut it. Not signed with a key configured, the chain is broken."""

@@ -156,9 +156,16 @@ async def verify_for(state: AppState, principal: Principal) -> VerifyReport:
     """The chain verified for an auditor or admin, once this process's other verification
     is done (``Turns.verification``)."""
     readable(state.settings, principal, AuditFilter())
-    key = checkpoints.signing_key(state.settings)
+    settings = state.settings
+    key = checkpoints.signing_key(settings)
+    days = settings.audit_retention_days
     async with TURNS.verification():
-        return await verify(state.db, key.public if key else None, turns=TURNS)
+        return await verify(
+            state.db,
+            key.public if key else None,
+            turns=TURNS,
+            horizon=timedelta(days=days) if days else None,
+        )
 
 
 async def verify(
@@ -221,7 +228,8 @@ async def verify(
         or chain.check_accounts(head, beyond, uncovered)
         or chain.check_unchained(head, unchained)
         or checkpoints.compare(comparable, head, hashes, public)
-        or checkpoints.removed_early(exported, anchor.chain_pos, public, horizon)
+        or checkpoints.anchor_problem(anchor, public)
+        or checkpoints.removed_early(exported, anchor, public, horizon)
     )
     return VerifyReport(
         ok=broken is None and stalled == 0,
@@ -236,6 +244,7 @@ async def verify(
         exported=len(comparable),
         removed_through=anchor.chain_pos,
         removed_before=anchor.at,
+        anchor_signed=bool(public and anchor.chain_pos and public.vouches_for_anchor(anchor)),
         archived=archived.rows,
         archive_files=len(archives),
     )

@@ -404,7 +404,10 @@ async def chain_page(
 
 async def anchor(conn: Connection) -> Anchor:
     """Where the chain starts: after the rows retention removed, or at the genesis."""
-    row = await conn.fetchrow("SELECT chain_pos, hash, at, outside_gaps FROM audit_anchor")
+    row = await conn.fetchrow(
+        "SELECT chain_pos, hash, at, outside_gaps, retention_days, key_id, signature"
+        " FROM audit_anchor"
+    )
     return Anchor(*row) if row else Anchor()
 
 
@@ -476,30 +479,56 @@ async def lock_month(conn: Connection, month: date, timeout: str) -> None:
     )
 
 
+async def next_anchor(conn: Connection, anchor: Anchor, last: int, retention_days: int) -> Anchor:
+    """The anchor a cut after position ``last`` moves to: that row's hash and time, and the
+    removed rows' seqs outside recorded gaps added to the count (unsigned)."""
+    row = await one_row(
+        conn,
+        """
+        SELECT s.hash, s.at, ($2::bigint - $1::bigint) - (
+            SELECT count(*) FROM audit_gaps g JOIN audit_seals x
+                ON x.seq BETWEEN g.first_seq AND g.last_seq
+            WHERE x.chain_pos > $1 AND x.chain_pos <= $2)
+        FROM audit_seals s WHERE s.chain_pos = $2
+        """,
+        anchor.chain_pos,
+        last,
+    )
+    return Anchor(last, row[0], row[1], anchor.outside_gaps + row[2], retention_days)
+
+
 async def remove_month(
-    conn: Connection, month: date, first: datetime, end: datetime, anchor: Anchor, last: int
+    conn: Connection, month: date, first: datetime, end: datetime, anchor: Anchor, moved: Anchor
 ) -> int:
-    """Cut the chain after position ``last`` (the highest of ``month``'s rows): move the
-    anchor there, delete the rows of other months sealed at or below it (rows near the
-    month's boundary and late rows), and drop ``month``'s partitions. Run after
-    ``lock_month``, in its transaction. The number of chain positions removed."""
+    """Cut the chain after position ``moved.chain_pos`` (the highest of ``month``'s rows):
+    move the anchor there (as retention, under its horizon: the database refuses any other
+    move), delete the rows of other months sealed at or below it (rows near the month's
+    boundary and late rows), and drop ``month``'s partitions. Run after ``lock_month``, in
+    its transaction. The number of chain positions removed."""
+    last = moved.chain_pos
     removed = max(last - anchor.chain_pos, 0)
     if removed:
         await conn.execute(
+            "SELECT set_config('toolgate.audit_retention_days', $1, true)",
+            str(moved.retention_days),
+        )
+        await conn.execute(
             """
-            INSERT INTO audit_anchor (chain_pos, hash, at, outside_gaps)
-            SELECT $2, s.hash, s.at, ($2::bigint - $1::bigint) - (
-                SELECT count(*) FROM audit_gaps g JOIN audit_seals x
-                    ON x.seq BETWEEN g.first_seq AND g.last_seq
-                WHERE x.chain_pos > $1 AND x.chain_pos <= $2)
-            FROM audit_seals s WHERE s.chain_pos = $2
+            INSERT INTO audit_anchor
+                (chain_pos, hash, at, outside_gaps, retention_days, key_id, signature)
+            VALUES ($1, $2, $3, $4, $5, $6, $7)
             ON CONFLICT (id) DO UPDATE SET chain_pos = EXCLUDED.chain_pos,
-                hash = EXCLUDED.hash, at = EXCLUDED.at,
-                outside_gaps = audit_anchor.outside_gaps + EXCLUDED.outside_gaps,
-                updated_at = now()
+                hash = EXCLUDED.hash, at = EXCLUDED.at, outside_gaps = EXCLUDED.outside_gaps,
+                retention_days = EXCLUDED.retention_days, key_id = EXCLUDED.key_id,
+                signature = EXCLUDED.signature, updated_at = now()
             """,
-            anchor.chain_pos,
-            last,
+            moved.chain_pos,
+            moved.hash,
+            moved.at,
+            moved.outside_gaps,
+            moved.retention_days,
+            moved.key_id,
+            moved.signature,
         )
         others = "s.chain_pos > $1 AND s.chain_pos <= $2 AND (s.at < $3 OR s.at >= $4)"
         args = (anchor.chain_pos, last, first, end)
