@@ -93,13 +93,13 @@ class Row:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The servers to use, the workloads to run and the ledger to record in, as ``run.py``
+    and ``instructions.py`` take them."""
     parser.add_argument(
         "--ledger",
         default=str(LEDGER),
         help="append the run's figures to this JSON-lines ledger ('' for none)",
     )
-    """The servers to use and the workloads to run, as ``run.py`` and ``instructions.py``
-    take them."""
     parser.add_argument(
         "--postgres", default="postgresql://postgres@127.0.0.1:5432", help="server URL, no db"
     )

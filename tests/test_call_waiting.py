@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
+from app.calls import history
 from app.db import LISTENER_NAME
 from tests.conftest import running_app
 from tests.flows import Auth, Flow, refund_args
 
+MARGIN_S = 1.0
+"""How late a waiter may answer after the time it asked for (docs/api.md)."""
 LISTENERS = (
     "SELECT {} FROM pg_stat_activity"
     f" WHERE application_name = '{LISTENER_NAME}' AND datname = current_database()"
@@ -130,3 +134,38 @@ async def test_waiters_survive_a_dropped_listening_connection(
         answered_at = time.monotonic()
     assert response.json()["state"] == "approved"
     assert answered_at - approved_at < 1.0
+
+
+async def test_many_waiters_share_their_reads_and_answer_when_their_time_is_up(
+    flow: Flow, auth: Auth, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each waiter once read the call at its start and again when its time was up: with
+    thousands of them, the reads at the deadline queued for the pool and answered many
+    seconds late. Now a waiter whose time is up answers from its read, and concurrent reads
+    of one call are one read."""
+    call_id, _ = await awaiting_approval(flow)
+    reads = 0
+    record = history._record
+
+    async def counted(*args: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await record(*args)
+
+    monkeypatch.setattr(history, "_record", counted)
+    waiters = [timed_get(flow.client, f"/calls/{call_id}?wait=2", auth) for _ in range(300)]
+    answered = await asyncio.gather(*waiters)
+    assert {r.json()["state"] for r, _ in answered} == {"awaiting_approval"}
+    assert reads <= 4, reads  # a read for the first waiter, one for all who came meanwhile
+    slowest = max(took for _, took in answered)
+    assert 2 <= slowest < 2 + MARGIN_S, slowest
+
+
+async def test_a_change_wakes_every_waiter_with_the_new_state(flow: Flow, auth: Auth) -> None:
+    call_id, snapshot_hash = await awaiting_approval(flow)
+    waiters = [timed_get(flow.client, f"/calls/{call_id}?wait=20", auth) for _ in range(200)]
+    approving = asyncio.create_task(approve_soon(flow, call_id, snapshot_hash, 0.5))
+    answered = await asyncio.gather(*waiters)
+    await approving
+    assert {r.json()["state"] for r, _ in answered} == {"approved"}
+    assert max(took for _, took in answered) < 10

@@ -6,6 +6,7 @@ import dataclasses
 import tracemalloc
 from typing import Any
 
+import asyncpg
 import pytest
 
 from tests.flows import Flow, new_key, refund_args
@@ -108,3 +109,63 @@ async def test_reading_a_history_holds_none_of_what_its_refused_requests_sent(
     assert response.status_code == 200
     assert [d["event"] for d in response.json()["decisions"]] == ["proposed", "denied", "denied"]
     assert peak < len(refused.request.content)
+
+
+async def test_a_call_keeps_its_newest_ten_previews_and_shows_the_latest_two_whole(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    proposal = await flow.propose("issue_refund", refund_args())
+    previews = [await flow.dry_run(proposal["call_id"]) for _ in range(12)]
+    stored = await db.fetch(
+        "SELECT id FROM dry_runs WHERE call_id = $1 ORDER BY created_at", proposal["call_id"]
+    )
+    assert [r["id"] for r in stored] == [p["dry_run_id"] for p in previews[2:]]
+    found = (await flow.client.get(f"/calls/{proposal['call_id']}", headers=flow.auth())).json()
+    shown = found["dry_runs"]
+    assert [d["dry_run_id"] for d in shown] == [p["dry_run_id"] for p in previews[2:]]
+    assert [d["snapshot"] is not None for d in shown] == [False] * 8 + [True] * 2
+    assert shown[-1]["snapshot"] == previews[-1]["snapshot"]
+    assert found["decisions_total"] == len(found["decisions"]) == 13  # proposed, 12 dry-runs
+    # The latest preview still decides: it is approved, and the approval runs once.
+    approval = await flow.approve(proposal["call_id"], previews[-1]["snapshot_hash"])
+    assert approval.status_code == 200, approval.text
+    done = await flow.post(
+        "/execute", {"call_id": proposal["call_id"]}, headers={"Idempotency-Key": new_key()}
+    )
+    assert done.json()["status"] == "succeeded", done.text
+    # An older preview, forgotten, is named in vain.
+    older = await flow.execute(
+        "issue_refund", refund_args(), new_key(), dry_run_id=previews[0]["dry_run_id"]
+    )
+    assert older.status_code in (403, 409), older.text
+
+
+async def test_a_history_stays_bounded_however_large_and_many_the_previews(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    """Sixty previews of 800 KB once made one history answer 45 MB."""
+    proposal = await flow.propose("issue_refund", refund_args())
+    call_id = proposal["call_id"]
+    large = {"lines": ["x" * 1000] * 800}  # about 800 KB each
+    for n in range(60):
+        await db.execute(
+            "INSERT INTO dry_runs (id, call_id, tenant, actor, tool, fingerprint,"
+            " policy_version, snapshot, snapshot_hash, expires_at)"
+            " SELECT $2, id, tenant, actor, tool, fingerprint, policy_version, $3,"
+            " 'sha256:' || md5($2), now() + interval '5 minutes' FROM calls WHERE id = $1",
+            call_id,
+            f"dry_{n:04d}",
+            large,
+        )
+    for _ in range(300):  # a key replayed many times adds an audit row each time
+        await db.execute(
+            "INSERT INTO audit_events (event, tenant, actor, call_id, tool)"
+            " VALUES ('replayed', 'acme', 'alice', $1, 'issue_refund')",
+            call_id,
+        )
+    answer = await flow.client.get(f"/calls/{call_id}", headers=flow.auth())
+    assert answer.status_code == 200
+    assert len(answer.content) < 2 * 820_000 + 200_000, len(answer.content)
+    found = answer.json()
+    assert len(found["dry_runs"]) == 10
+    assert (len(found["decisions"]), found["decisions_total"]) == (200, 301)

@@ -103,15 +103,39 @@ def _row(record: Record) -> AuditRow:
     return AuditRow(*record)
 
 
-_OF_CALL = (
-    f"SELECT {', '.join(CallEvent._fields)} FROM audit_events WHERE call_id = $1 ORDER BY seq"
-)
+_OF_CALL = f"""
+    SELECT * FROM (
+        SELECT {", ".join(CallEvent._fields)}, count(*) OVER () AS total,
+            sum(provider_ms) OVER () AS provider_sum,
+            first_value(total_ms) OVER (ORDER BY seq
+                ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS first_total
+        FROM audit_events WHERE call_id = $1 ORDER BY seq DESC LIMIT $2
+    ) e ORDER BY seq
+"""
 
 
-async def of_call(conn: Connection, call_id: str) -> list[CallEvent]:
-    """One call's audit rows as its history shows them, oldest first (GET /calls/{id}):
+class CallEvents(NamedTuple):
+    """The newest of a call's audit rows, oldest first, with what all of them add up to."""
+
+    rows: list[CallEvent]
+    total: int
+    """How many audit rows the call has."""
+    decision_ms: float | None
+    """How long its first decision took (its first row's ``total_ms``)."""
+    provider_ms: float
+    """Time spent waiting on its provider, over every row."""
+
+
+async def of_call(conn: Connection, call_id: str, limit: int) -> CallEvents:
+    """One call's newest ``limit`` audit rows as its history shows them (GET /calls/{id}):
     only the columns it shows, so that what refused requests sent is never read."""
-    return [CallEvent(*r) for r in await conn.fetch(_OF_CALL, call_id)]
+    found = await conn.fetch(_OF_CALL, call_id, limit)
+    width = len(CallEvent._fields)
+    rows = [CallEvent(*r[:width]) for r in found]
+    if not found:
+        return CallEvents([], 0, None, 0.0)
+    first = found[0]
+    return CallEvents(rows, first["total"], first["first_total"], first["provider_sum"] or 0.0)
 
 
 SLACK = "10 seconds"

@@ -190,7 +190,12 @@ class CallHistory(BaseModel):
     may_decide: bool
     proposal: CallProposal
     decisions: list[CallDecision]
+    """The newest audit rows of the call (at most 200), oldest first."""
+    decisions_total: int
+    """How many audit rows the call has in all."""
     dry_runs: list[CallDryRun]
+    """The call's previews, oldest first (it keeps the newest 10); only the latest two carry
+    their ``snapshot``, older ones only their hash."""
     approval: CallApproval | None
     executions: list[CallExecution]
     timings: CallTimings

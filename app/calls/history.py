@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.audit import store as audit
 from app.auth.principal import Principal
 from app.calls import store, waiting
-from app.calls.models import CallRow
+from app.calls.models import CallRow, DryRunRow, ExecutionRow
 from app.calls.results import mask_arguments, sensitive_values
 from app.consent import rules
 from app.consent import store as approvals
+from app.consent.models import ApprovalRow
 from app.errors import InvalidRequest, NotFound
 from app.state import AppState
 
@@ -74,18 +75,50 @@ async def history_after(
             try:
                 await asyncio.wait_for(changed, left)
             except TimeoutError:
-                return await history(state, principal, call_id)
+                # Nothing changed since the read (a change, or a gap in listening, would
+                # have woken this waiter first): that read is the answer, at once, not a
+                # read queued behind every other waiter whose time is up.
+                return found
+
+
+class CallRecord(NamedTuple):
+    """What a call's history shows, as stored: at most ``store.KEPT_DRY_RUNS`` previews and
+    the newest ``EVENTS_SHOWN`` audit rows, with how many there are in all."""
+
+    call: CallRow
+    dry_runs: list[DryRunRow]
+    decided: list[ApprovalRow]
+    executions: list[ExecutionRow]
+    events: audit.CallEvents
+
+
+SNAPSHOTS_SHOWN = 2
+"""Previews a history shows whole: the latest, and the one before it."""
+EVENTS_SHOWN = 200
+"""Audit rows a history lists (the newest): a key replayed many times adds a row each time."""
+
+
+async def _record(state: AppState, call_id: str) -> CallRecord | None:
+    async with state.db.connection() as conn:
+        call = await store.get(conn, call_id)
+        if call is None:
+            return None
+        return CallRecord(
+            call,
+            await store.dry_runs_of(conn, call.id),
+            await approvals.of_call(conn, call.id),
+            await store.executions_of(conn, call.id),
+            await audit.of_call(conn, call.id, EVENTS_SHOWN),
+        )
 
 
 async def history(state: AppState, principal: Principal, call_id: str) -> dict[str, Any]:
-    async with state.db.connection() as conn:
-        call = await store.get(conn, call_id)
-        if call is None or not may_see(state, principal, call):
-            raise NotFound("no such call")
-        dry_runs = await store.dry_runs_of(conn, call.id)
-        decided = await approvals.of_call(conn, call.id)
-        executions = await store.executions_of(conn, call.id)
-        events = await audit.of_call(conn, call.id)
+    """The call's history as ``principal`` may see it; read together with concurrent
+    requests for the same call (``CallWaiters.read_together``)."""
+    record = await state.waiters.read_together(call_id, lambda: _record(state, call_id))
+    if record is None or not may_see(state, principal, record.call):
+        raise NotFound("no such call")
+    call, dry_runs, decided, executions, events = record
     tool = state.catalog.tools.get(call.tool)
     # Arguments are stored only once their tool validated them: a tool the catalog no
     # longer holds took with it which of them were sensitive, so none is shown.
@@ -122,19 +155,23 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "decisions": [
             # The audit columns a history shows, read as such (``audit.of_call``).
             e._asdict() | {"at": e.at.isoformat()}
-            for e in events
+            for e in events.rows
         ],
+        "decisions_total": events.total,
         "dry_runs": [
             {
                 "dry_run_id": d.id,
                 "fingerprint": d.fingerprint,
-                "snapshot": d.snapshot,
+                # Only the latest two previews are shown whole (what changed between them
+                # is what an approver compares): each may be as large as a provider's
+                # answer may be; older ones are named by their hash.
+                "snapshot": d.snapshot if n >= len(dry_runs) - SNAPSHOTS_SHOWN else None,
                 "snapshot_hash": d.snapshot_hash,
                 "policy_version": d.policy_version,
                 "created_at": _time(d.created_at),
                 "expires_at": _time(d.expires_at),
             }
-            for d in dry_runs
+            for n, d in enumerate(dry_runs)
         ],
         "approval": None
         if latest is None
@@ -163,8 +200,8 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "timings": {
             "created_at": _time(call.created_at),
             "updated_at": _time(call.updated_at),
-            "decision_ms": next((e.total_ms for e in events), None),
-            "provider_ms": sum(e.provider_ms or 0.0 for e in events),
+            "decision_ms": events.decision_ms,
+            "provider_ms": events.provider_ms,
         },
     }
 

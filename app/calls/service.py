@@ -314,6 +314,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
     next_step = "approval" if authorized.decision.impact == "high" else "execute"
     async with state.db.transaction() as conn:
         await store.insert_dry_run(conn, row)
+        await store.forget_old_dry_runs(conn, existing.id)
         stale = next_step == "approval" and await _approved_elsewise(conn, existing, snapshot_hash)
         moved = await store.set_state(
             conn,

@@ -262,11 +262,32 @@ async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
     return int(status.split()[-1])
 
 
+KEPT_DRY_RUNS = 10
+"""Previews a call keeps, the newest: each may be as large as a provider's answer may be,
+and only the latest decides anything (approvals bind it, and executions run on it)."""
+
+
 async def dry_runs_of(conn: Connection, call_id: str) -> list[DryRunRow]:
+    """The call's previews, oldest first (at most ``KEPT_DRY_RUNS``)."""
     rows = await conn.fetch(
-        "SELECT * FROM dry_runs WHERE call_id = $1 ORDER BY created_at, id", call_id
+        "SELECT * FROM (SELECT * FROM dry_runs WHERE call_id = $1"
+        " ORDER BY created_at DESC, id DESC LIMIT $2) d ORDER BY created_at, id",
+        call_id,
+        KEPT_DRY_RUNS,
     )
     return [DryRunRow(**dict(r)) for r in rows]
+
+
+async def forget_old_dry_runs(conn: Connection, call_id: str) -> None:
+    """Keep the call's newest ``KEPT_DRY_RUNS`` previews only. An approval binds its hash,
+    not its row, and an older preview named by a request (``dry_run_id``) is refused as
+    one (no such dry-run), as a preview older than the latest already is."""
+    await conn.execute(
+        "DELETE FROM dry_runs WHERE call_id = $1 AND id NOT IN (SELECT id FROM dry_runs"
+        " WHERE call_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2)",
+        call_id,
+        KEPT_DRY_RUNS,
+    )
 
 
 async def executions_of(conn: Connection, call_id: str) -> list[ExecutionRow]:
