@@ -340,23 +340,24 @@ class Database:
             yield conn
 
     async def listen(
-        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]
+        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[bool], None]
     ) -> None:
         """Deliver each ``NOTIFY`` on ``channel`` to ``on_message``, on a connection of its own
         (outside the pool), until cancelled. A notification sent while no connection listens
-        is lost, so ``on_gap`` is called whenever listening (re)starts and when the
-        connection drops; the connection is then reopened, after a growing pause."""
+        is lost, so ``on_gap`` is called whenever listening (re)starts (``on_gap(True)``) and
+        when the connection drops (``on_gap(False)``: until the next ``True``, nothing is
+        heard); the connection is then reopened, after a growing pause."""
         pause = LISTEN_RETRY_S
         while True:
             with contextlib.suppress(*_UNAVAILABLE, asyncpg.PostgresError):
                 await self._listen_once(channel, on_message, on_gap)
                 pause = LISTEN_RETRY_S  # it was up: reconnect soon
-            on_gap()
+            on_gap(False)
             await asyncio.sleep(pause)
             pause = min(pause * 2, LISTEN_RETRY_MAX_S)
 
     async def _listen_once(
-        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]
+        self, channel: str, on_message: Callable[[str], None], on_gap: Callable[[bool], None]
     ) -> None:
         """Listen on one connection until it drops; a silent network loss shows as a failed
         ping."""
@@ -365,7 +366,7 @@ class Database:
         try:
             conn.add_termination_listener(lambda _conn: dropped.set())
             await conn.add_listener(channel, lambda _c, _p, _ch, payload: on_message(payload))
-            on_gap()
+            on_gap(True)
             while not dropped.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(dropped.wait(), LISTEN_PING_S)

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
+from app import db as app_db
 from app.calls import history
-from app.db import LISTENER_NAME
+from app.db import LISTENER_NAME, Database
 from tests.conftest import running_app
 from tests.flows import Auth, Flow, refund_args
 
-MARGIN_S = 1.0
-"""How late a waiter may answer after the time it asked for (docs/api.md)."""
 LISTENERS = (
     "SELECT {} FROM pg_stat_activity"
     f" WHERE application_name = '{LISTENER_NAME}' AND datname = current_database()"
@@ -136,8 +136,22 @@ async def test_waiters_survive_a_dropped_listening_connection(
     assert answered_at - approved_at < 1.0
 
 
-async def test_many_waiters_share_their_reads_and_answer_when_their_time_is_up(
-    flow: Flow, auth: Auth, monkeypatch: pytest.MonkeyPatch
+@pytest.fixture
+async def small_pool(app: Any, database_url: str) -> AsyncIterator[None]:
+    """The test app on a pool of three connections, so that reads queue for it."""
+    state = app.state.toolgate
+    small, usual = Database(database_url), state.db
+    await small.open(min_size=1, max_size=3)
+    state.db = small
+    try:
+        yield
+    finally:
+        state.db = usual
+        await small.close()
+
+
+async def test_many_waiters_on_a_small_pool_share_their_reads_and_answer_in_time(
+    flow: Flow, auth: Auth, small_pool: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each waiter once read the call at its start and again when its time was up: with
     thousands of them, the reads at the deadline queued for the pool and answered many
@@ -157,15 +171,51 @@ async def test_many_waiters_share_their_reads_and_answer_when_their_time_is_up(
     answered = await asyncio.gather(*waiters)
     assert {r.json()["state"] for r, _ in answered} == {"awaiting_approval"}
     assert reads <= 4, reads  # a read for the first waiter, one for all who came meanwhile
-    slowest = max(took for _, took in answered)
-    assert 2 <= slowest < 2 + MARGIN_S, slowest
+    took = sorted(took for _, took in answered)
+    assert took[0] >= 2, took[0]
+    assert took[-1] < 2 + history.MARGIN_S, took[-1]
 
 
-async def test_a_change_wakes_every_waiter_with_the_new_state(flow: Flow, auth: Auth) -> None:
+async def test_a_change_wakes_every_waiter_on_a_small_pool_with_the_new_state(
+    flow: Flow, auth: Auth, small_pool: None
+) -> None:
     call_id, snapshot_hash = await awaiting_approval(flow)
-    waiters = [timed_get(flow.client, f"/calls/{call_id}?wait=20", auth) for _ in range(200)]
-    approving = asyncio.create_task(approve_soon(flow, call_id, snapshot_hash, 0.5))
+    waiters = [timed_get(flow.client, f"/calls/{call_id}?wait=20", auth) for _ in range(300)]
+    approved_at = asyncio.create_task(approve_soon(flow, call_id, snapshot_hash, 0.5))
     answered = await asyncio.gather(*waiters)
-    await approving
+    answered_at = time.monotonic()
     assert {r.json()["state"] for r, _ in answered} == {"approved"}
-    assert max(took for _, took in answered) < 10
+    assert answered_at - await approved_at < history.MARGIN_S
+
+
+async def test_a_waiter_that_read_while_nobody_listened_reads_again_when_its_time_is_up(
+    flow: Flow,
+    env: dict[str, str],
+    auth: Auth,
+    db: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A change made while the listening connection is down is announced to nobody: a
+    waiter that read the call then must not answer that read as the call's state."""
+    call_id, snapshot_hash = await awaiting_approval(flow)
+    async with running_app(env) as other:
+        await wait_for_listeners(db, 2)
+        monkeypatch.setattr(app_db, "LISTEN_RETRY_S", 4.0)  # down for 4 s once dropped
+        await db.execute(LISTENERS.format("pg_terminate_backend(pid)"))
+        await asyncio.sleep(0.3)
+        waiter = asyncio.create_task(timed_get(other, f"/calls/{call_id}?wait=1.5", auth))
+        await approve_soon(flow, call_id, snapshot_hash, 0.3)  # nobody hears it
+        response, took = await waiter
+        assert (response.json()["state"], took < 1.5 + history.MARGIN_S) == ("approved", True)
+        await wait_for_listeners(db, 2)
+
+
+async def test_a_waiter_whose_call_cannot_be_read_in_time_is_unavailable_not_late(
+    flow: Flow, app: Any, auth: Auth, small_pool: None
+) -> None:
+    call_id, _ = await awaiting_approval(flow)
+    pool = app.state.toolgate.db
+    async with pool.connection(), pool.connection(), pool.connection():  # all three held
+        response, took = await timed_get(flow.client, f"/calls/{call_id}?wait=0.5", auth)
+    assert (response.status_code, response.json()["code"]) == (503, "unavailable")
+    assert 0.5 <= took < 0.5 + history.MARGIN_S, took

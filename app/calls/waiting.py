@@ -3,9 +3,9 @@
 Every change of a call's state is announced by PostgreSQL (``NOTIFY toolgate_calls``, sent by
 a trigger when the change commits, so by whichever instance made it). Each process listens on
 one connection and wakes the futures of its waiters on that call; a waiter then reads the call
-once more. No waiter polls the database. While the listening connection is down, every waiter
-is woken to read again (a notification may have been missed), and a waiter whose
-notification never comes still answers when its time is up.
+once more. No waiter polls the database. When the listening connection drops, and again when
+it is back, every waiter is woken to read again (a notification may have been missed), and a
+waiter whose notification never comes still answers when its time is up.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ class CallWaiters:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._reading: dict[str, _Reading] = {}
+        self.listening = False
+        """Whether every change is heard now: false until listening starts, and from a
+        dropped connection until it is listening again (a change then goes unannounced)."""
 
     async def read_together(self, call_id: str, read: Callable[[], Awaitable[T]]) -> T:
         """``read()`` of ``call_id``, shared with the other requests that ask for the same
@@ -89,7 +92,7 @@ class CallWaiters:
 
     async def listen(self, db: Database) -> None:
         """The lifespan's task: wake waiters as their calls change, until cancelled."""
-        await db.listen(CHANNEL, self._changed, self._wake_all)
+        await db.listen(CHANNEL, self._changed, self._gap)
 
     @contextlib.asynccontextmanager
     async def watching(self, call_id: str) -> AsyncIterator[asyncio.Future[None]]:
@@ -111,7 +114,10 @@ class CallWaiters:
             if not future.done():
                 future.set_result(None)
 
-    def _wake_all(self) -> None:
+    def _gap(self, listening: bool) -> None:
+        """Listening (re)started or stopped: a notification may have been missed, so every
+        waiter reads again."""
+        self.listening = listening
         for call_id in list(self._waiters):
             self._changed(call_id)
 
