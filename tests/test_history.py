@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from app.calls import store
 from tests.flows import Flow, new_key, refund_args
 
 
@@ -125,6 +126,7 @@ async def test_a_call_keeps_its_newest_ten_previews_and_shows_the_latest_two_who
     assert [d["dry_run_id"] for d in shown] == [p["dry_run_id"] for p in previews[2:]]
     assert [d["snapshot"] is not None for d in shown] == [False] * 8 + [True] * 2
     assert shown[-1]["snapshot"] == previews[-1]["snapshot"]
+    assert found["dry_runs_total"] == 10
     assert found["decisions_total"] == len(found["decisions"]) == 13  # proposed, 12 dry-runs
     # The latest preview still decides: it is approved, and the approval runs once.
     approval = await flow.approve(proposal["call_id"], previews[-1]["snapshot_hash"])
@@ -167,5 +169,31 @@ async def test_a_history_stays_bounded_however_large_and_many_the_previews(
     assert answer.status_code == 200
     assert len(answer.content) < 2 * 820_000 + 200_000, len(answer.content)
     found = answer.json()
-    assert len(found["dry_runs"]) == 10
+    assert (len(found["dry_runs"]), found["dry_runs_total"]) == (10, 60)
+    assert found["dry_runs"][-1]["snapshot"] == large
     assert (len(found["decisions"]), found["decisions_total"]) == (200, 301)
+
+
+async def test_the_preview_an_approver_decided_on_is_kept_however_many_follow(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    """Pruning keeps the newest previews, and what an approver saw stays beside their
+    decision: the newest preview of each snapshot an approval of the call binds."""
+    proposal = await flow.propose("issue_refund", refund_args())
+    call_id = proposal["call_id"]
+    seen = await flow.dry_run(call_id)
+    assert (await flow.approve(call_id, seen["snapshot_hash"])).status_code == 200
+    for n in range(12):  # previews that differ from the approved one
+        await db.execute(
+            "INSERT INTO dry_runs (id, call_id, tenant, actor, tool, fingerprint,"
+            " policy_version, snapshot, snapshot_hash, expires_at)"
+            " SELECT $2, id, tenant, actor, tool, fingerprint, policy_version, '{}',"
+            " 'sha256:' || md5($2), now() + interval '5 minutes' FROM calls WHERE id = $1",
+            call_id,
+            f"dry_later_{n:02d}",
+        )
+    await store.forget_old_dry_runs(db, call_id)
+    kept = {r["id"] for r in await db.fetch("SELECT id FROM dry_runs WHERE call_id = $1", call_id)}
+    assert kept == {seen["dry_run_id"]} | {f"dry_later_{n:02d}" for n in range(2, 12)}
+    found = (await flow.client.get(f"/calls/{call_id}", headers=flow.auth())).json()
+    assert (len(found["dry_runs"]), found["dry_runs_total"]) == (10, 11)

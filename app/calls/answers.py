@@ -194,8 +194,11 @@ class CallHistory(BaseModel):
     decisions_total: int
     """How many audit rows the call has in all."""
     dry_runs: list[CallDryRun]
-    """The call's previews, oldest first (it keeps the newest 10); only the latest two carry
+    """The call's newest previews (at most 10), oldest first; only the latest two carry
     their ``snapshot``, older ones only their hash."""
+    dry_runs_total: int
+    """How many previews the call keeps in all (its newest 10, and those an approver
+    decided on)."""
     approval: CallApproval | None
     executions: list[CallExecution]
     timings: CallTimings

@@ -116,7 +116,7 @@ class CallRecord(NamedTuple):
     the newest ``EVENTS_SHOWN`` audit rows, with how many there are in all."""
 
     call: CallRow
-    dry_runs: list[DryRunRow]
+    dry_runs: store.DryRuns
     decided: list[ApprovalRow]
     executions: list[ExecutionRow]
     events: audit.CallEvents
@@ -135,7 +135,7 @@ async def _record(state: AppState, call_id: str) -> CallRecord | None:
             return None
         return CallRecord(
             call,
-            await store.dry_runs_of(conn, call.id),
+            await store.dry_runs_of(conn, call.id, SNAPSHOTS_SHOWN),
             await approvals.of_call(conn, call.id),
             await store.executions_of(conn, call.id),
             await audit.of_call(conn, call.id, EVENTS_SHOWN),
@@ -149,29 +149,8 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
     if record is None or not may_see(state, principal, record.call):
         raise NotFound("no such call")
     call, dry_runs, decided, executions, events = record
-    tool = state.catalog.tools.get(call.tool)
-    # Arguments are stored only once their tool validated them: a tool the catalog no
-    # longer holds took with it which of them were sensitive, so none is shown.
-    sensitive = tool.sensitive_args if tool else (call.arguments or {})
+    proposal, deciding = _proposal(state, principal, call)
     latest = decided[-1] if decided else None
-    proposal: dict[str, Any] = {
-        "arguments": mask_arguments(call.arguments, sensitive),
-        "fingerprint": call.fingerprint,
-        "target": call.target,
-        "mutation": call.mutation,
-        "impact": call.impact,
-        "next": call.next,
-        "decision": call.decision,
-        "code": call.code,
-        "reason": call.reason,
-        "policy_version": call.policy_version,
-        "proposed_by": call.proposed_by,
-        "authorized_by": call.authorized_by,
-        "taint": call.taint or [],
-    }
-    deciding = may_decide(state, principal, call)
-    if sensitive and deciding:
-        proposal["sensitive_arguments"] = sensitive_values(call.arguments, sensitive)
     return {
         "call_id": call.id,
         "tool": call.tool,
@@ -188,21 +167,8 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
             for e in events.rows
         ],
         "decisions_total": events.total,
-        "dry_runs": [
-            {
-                "dry_run_id": d.id,
-                "fingerprint": d.fingerprint,
-                # Only the latest two previews are shown whole (what changed between them
-                # is what an approver compares): each may be as large as a provider's
-                # answer may be; older ones are named by their hash.
-                "snapshot": d.snapshot if n >= len(dry_runs) - SNAPSHOTS_SHOWN else None,
-                "snapshot_hash": d.snapshot_hash,
-                "policy_version": d.policy_version,
-                "created_at": _time(d.created_at),
-                "expires_at": _time(d.expires_at),
-            }
-            for n, d in enumerate(dry_runs)
-        ],
+        "dry_runs": [_dry_run(d) for d in dry_runs.rows],
+        "dry_runs_total": dry_runs.total,
         "approval": None
         if latest is None
         else {
@@ -233,6 +199,62 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
             "decision_ms": events.decision_ms,
             "provider_ms": events.provider_ms,
         },
+    }
+
+
+async def to_decide(
+    state: AppState, principal: Principal, call_id: str
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """What an approver asked through MCP elicitation is shown: the call's proposal as
+    ``principal`` may see it, and its latest preview (or ``None``), whose hash their
+    decision binds. Only that preview is read, not the call's history."""
+    async with state.db.connection() as conn:
+        call = await store.get(conn, call_id)
+        latest = await store.latest_dry_run(conn, call_id) if call is not None else None
+    if call is None or not may_see(state, principal, call):
+        raise NotFound("no such call")
+    proposal, _ = _proposal(state, principal, call)
+    return proposal, None if latest is None else _dry_run(latest)
+
+
+def _proposal(state: AppState, principal: Principal, call: CallRow) -> tuple[dict[str, Any], bool]:
+    """The call's proposal as ``principal`` may see it, and whether they may decide it."""
+    tool = state.catalog.tools.get(call.tool)
+    # Arguments are stored only once their tool validated them: a tool the catalog no
+    # longer holds took with it which of them were sensitive, so none is shown.
+    sensitive = tool.sensitive_args if tool else (call.arguments or {})
+    proposal: dict[str, Any] = {
+        "arguments": mask_arguments(call.arguments, sensitive),
+        "fingerprint": call.fingerprint,
+        "target": call.target,
+        "mutation": call.mutation,
+        "impact": call.impact,
+        "next": call.next,
+        "decision": call.decision,
+        "code": call.code,
+        "reason": call.reason,
+        "policy_version": call.policy_version,
+        "proposed_by": call.proposed_by,
+        "authorized_by": call.authorized_by,
+        "taint": call.taint or [],
+    }
+    deciding = may_decide(state, principal, call)
+    if sensitive and deciding:
+        proposal["sensitive_arguments"] = sensitive_values(call.arguments, sensitive)
+    return proposal, deciding
+
+
+def _dry_run(d: DryRunRow) -> dict[str, Any]:
+    return {
+        "dry_run_id": d.id,
+        "fingerprint": d.fingerprint,
+        # Only the newest previews carry their snapshot (``store.dry_runs_of``): each may
+        # be as large as a provider's answer may be; older ones are named by their hash.
+        "snapshot": d.snapshot,
+        "snapshot_hash": d.snapshot_hash,
+        "policy_version": d.policy_version,
+        "created_at": _time(d.created_at),
+        "expires_at": _time(d.expires_at),
     }
 
 

@@ -6,7 +6,7 @@ concurrent requests' (``Database.fetchval``)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.audit.store import AuditEvent, append_after
 from app.calls.models import CallRow, DryRunRow, ExecutionRow
@@ -263,28 +263,59 @@ async def remove_before(conn: Connection, before: datetime, limit: int) -> int:
 
 
 KEPT_DRY_RUNS = 10
-"""Previews a call keeps, the newest: each may be as large as a provider's answer may be,
-and only the latest decides anything (approvals bind it, and executions run on it)."""
+"""Previews a call keeps, the newest (and those its approvers decided on: see
+``forget_old_dry_runs``): each may be as large as a provider's answer may be, and only the
+latest decides anything (approvals bind it, and executions run on it)."""
 
 
-async def dry_runs_of(conn: Connection, call_id: str) -> list[DryRunRow]:
-    """The call's previews, oldest first (at most ``KEPT_DRY_RUNS``)."""
-    rows = await conn.fetch(
-        "SELECT * FROM (SELECT * FROM dry_runs WHERE call_id = $1"
-        " ORDER BY created_at DESC, id DESC LIMIT $2) d ORDER BY created_at, id",
-        call_id,
-        KEPT_DRY_RUNS,
-    )
-    return [DryRunRow(**dict(r)) for r in rows]
+class DryRuns(NamedTuple):
+    rows: list[DryRunRow]
+    """The newest ``KEPT_DRY_RUNS``, oldest first; only the newest few with their snapshot."""
+    total: int
+    """How many the call keeps in all."""
+
+
+_SHOWN_COLUMNS = ", ".join(
+    "CASE WHEN row_number() OVER w <= $3 THEN snapshot END AS snapshot" if c == "snapshot" else c
+    for c in DryRunRow._fields
+)
+"""A preview's columns, its snapshot only among the newest $3 (left unread, TOASTed, else)."""
+_DRY_RUNS_OF = f"""
+    SELECT * FROM (
+        SELECT {_SHOWN_COLUMNS}, count(*) OVER () AS total
+        FROM dry_runs WHERE call_id = $1
+        WINDOW w AS (ORDER BY created_at DESC, id DESC)
+        ORDER BY created_at DESC, id DESC LIMIT $2
+    ) d ORDER BY created_at, id
+"""
+
+
+async def dry_runs_of(conn: Connection, call_id: str, snapshots: int) -> DryRuns:
+    """The call's newest previews, with the snapshot of only the newest ``snapshots`` of
+    them: the others' are not even read (sixty previews of 800 KB once made one history
+    answer 45 MB)."""
+    found = await conn.fetch(_DRY_RUNS_OF, call_id, KEPT_DRY_RUNS, snapshots)
+    width = len(DryRunRow._fields)
+    rows = [DryRunRow(*r[:width]) for r in found]
+    return DryRuns(rows, found[0]["total"] if found else 0)
 
 
 async def forget_old_dry_runs(conn: Connection, call_id: str) -> None:
-    """Keep the call's newest ``KEPT_DRY_RUNS`` previews only. An approval binds its hash,
-    not its row, and an older preview named by a request (``dry_run_id``) is refused as
-    one (no such dry-run), as a preview older than the latest already is."""
+    """Keep the call's newest ``KEPT_DRY_RUNS`` previews, and the newest of each snapshot an
+    approver decided on (what they saw stays beside their decision, a few at most: each is
+    a person's decision). An older preview named by a request (``dry_run_id``) is refused
+    as no such dry-run, as one older than the latest is by an approval's gate."""
     await conn.execute(
-        "DELETE FROM dry_runs WHERE call_id = $1 AND id NOT IN (SELECT id FROM dry_runs"
-        " WHERE call_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2)",
+        """
+        DELETE FROM dry_runs WHERE call_id = $1
+          AND id NOT IN (SELECT id FROM dry_runs WHERE call_id = $1
+                         ORDER BY created_at DESC, id DESC LIMIT $2)
+          AND id NOT IN (SELECT DISTINCT ON (snapshot_hash) id FROM dry_runs
+                         WHERE call_id = $1 AND snapshot_hash IN (
+                             SELECT snapshot_hash FROM approvals
+                             WHERE call_id = $1 AND snapshot_hash IS NOT NULL)
+                         ORDER BY snapshot_hash, created_at DESC, id DESC)
+        """,
         call_id,
         KEPT_DRY_RUNS,
     )

@@ -238,19 +238,15 @@ async def _approval(state: AppState, ask: Ask, call_id: str, key: str) -> Outcom
         mode = "url"
     if mode is None:
         return Awaiting(call_id, url)
-    found = await history.history(state, ask.principal, call_id)
-    latest = found["dry_runs"][-1] if found["dry_runs"] else None
-    arguments = {
-        **found["proposal"]["arguments"],
-        **found["proposal"].get("sensitive_arguments", {}),
-    }
+    proposal, latest = await history.to_decide(state, ask.principal, call_id)
+    arguments = {**proposal["arguments"], **proposal.get("sensitive_arguments", {})}
     lines = [
-        f"toolgate: {found['tool']} needs an approval before it runs.",
+        f"toolgate: {ask.tool} needs an approval before it runs.",
         f"Arguments: {json.dumps(arguments, sort_keys=True)}",
     ]
-    if found["proposal"]["taint"]:  # what the console shows approvers: where they came from
+    if proposal["taint"]:  # what the console shows approvers: where they came from
         sources = ", ".join(
-            f"{t['argument']} (from {t['source_call_id']})" for t in found["proposal"]["taint"]
+            f"{t['argument']} (from {t['source_call_id']})" for t in proposal["taint"]
         )
         lines.append(f"Copied from untrusted results the run read: {sources}")
     if latest is not None:
