@@ -1,9 +1,10 @@
 """Long polls under load: many waiters on one call, and other tenants' reads beside them.
 
-    python bench/waits.py [--waiters 2000] [--wait 20] [--readers 4]
+    python bench/waits.py [--waiters 2000] [--wait 20] [--readers 4] [--previews 1]
 
 Starts the demo providers and ``toolgate serve --workers 1`` on a throwaway database (as
-``run.py`` does), puts one refund in front of its approvers, and sends ``--waiters``
+``run.py`` does), puts one refund in front of its approvers (previewed ``--previews``
+times: each adds to what a read of its history costs), and sends ``--waiters``
 concurrent ``GET /calls/{id}?wait=S`` for it from one user. Meanwhile ``--readers``
 clients of another tenant read an order, one request after another, for as long as the
 waiters wait. Reports when each waiter was answered, past the time it asked for, and the
@@ -53,6 +54,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--waiters", type=int, default=2000, help="concurrent long polls")
     parser.add_argument("--wait", type=float, default=20.0, help="seconds each waiter asks")
     parser.add_argument("--readers", type=int, default=4, help="other tenant's clients")
+    parser.add_argument("--previews", type=int, default=1, help="dry-runs of the refund")
     add_common_arguments(parser)
     return parser.parse_args()
 
@@ -63,15 +65,17 @@ def bearer(secret: str, sub: str, tenant: str, roles: list[str]) -> str:
     return "Bearer " + jwt.encode(claims, secret, algorithm="HS256")
 
 
-async def pending_refund(http: aiohttp.ClientSession, url: str, alice: str) -> str:
-    """A refund proposed and previewed: it waits for its approvers."""
+async def pending_refund(http: aiohttp.ClientSession, url: str, alice: str, previews: int) -> str:
+    """A refund proposed and previewed ``previews`` times: it waits for its approvers."""
     headers = {"Authorization": alice}
     body = {"tool": "issue_refund", "arguments": REFUND}
     async with http.post(f"{url}/propose", json=body, headers=headers) as answer:
         call_id = str((await answer.json())["call_id"])
-    async with http.post(f"{url}/dry-run", json={"call_id": call_id}, headers=headers) as dry:
-        if dry.status != 200:
-            raise BenchError(f"dry-run answered {dry.status}: {await dry.text()}")
+    for _ in range(max(previews, 1)):
+        body = {"call_id": call_id}
+        async with http.post(f"{url}/dry-run", json=body, headers=headers) as dry:
+            if dry.status != 200:
+                raise BenchError(f"dry-run answered {dry.status}: {await dry.text()}")
     return call_id
 
 
@@ -104,7 +108,7 @@ async def measure(ns: argparse.Namespace, url: str, secret: str) -> dict[str, fl
     connector = aiohttp.TCPConnector(limit=ns.waiters + ns.readers + 4)
     timeout = aiohttp.ClientTimeout(total=ns.wait + 120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        call_id = await pending_refund(http, url, alice)
+        call_id = await pending_refund(http, url, alice, ns.previews)
         others: list[float] = []
         until = time.monotonic() + ns.wait
         readers = [reader(http, url, carol, until, others) for _ in range(ns.readers)]
@@ -119,6 +123,7 @@ async def measure(ns: argparse.Namespace, url: str, secret: str) -> dict[str, fl
     return {
         "waiters": ns.waiters,
         "wait_s": ns.wait,
+        "previews": ns.previews,
         "late_p50_s": round(statistics.median(late), 3),
         "late_p99_s": round(quantiles[98], 3),
         "late_max_s": round(late[-1], 3),
