@@ -135,11 +135,21 @@ async def test_a_call_keeps_its_newest_ten_previews_and_shows_the_latest_two_who
         "/execute", {"call_id": proposal["call_id"]}, headers={"Idempotency-Key": new_key()}
     )
     assert done.json()["status"] == "succeeded", done.text
-    # An older preview, forgotten, is named in vain.
+
+
+async def test_a_forgotten_preview_named_by_its_id_is_no_dry_run(flow: Flow) -> None:
+    """A low-impact refund requires a dry-run of its arguments: the first of twelve, no
+    longer kept, is named in vain; the latest runs it."""
+    proposal = await flow.propose("issue_refund", refund_args(30.0))
+    previews = [await flow.dry_run(proposal["call_id"]) for _ in range(12)]
     older = await flow.execute(
-        "issue_refund", refund_args(), new_key(), dry_run_id=previews[0]["dry_run_id"]
+        "issue_refund", refund_args(30.0), new_key(), dry_run_id=previews[0]["dry_run_id"]
     )
-    assert older.status_code in (403, 409), older.text
+    assert (older.status_code, older.json()["code"]) == (403, "dry_run_required"), older.text
+    latest = await flow.execute(
+        "issue_refund", refund_args(30.0), new_key(), dry_run_id=previews[-1]["dry_run_id"]
+    )
+    assert latest.json()["status"] == "succeeded", latest.text
 
 
 async def test_a_history_stays_bounded_however_large_and_many_the_previews(
@@ -197,3 +207,35 @@ async def test_the_preview_an_approver_decided_on_is_kept_however_many_follow(
     assert kept == {seen["dry_run_id"]} | {f"dry_later_{n:02d}" for n in range(2, 12)}
     found = (await flow.client.get(f"/calls/{call_id}", headers=flow.auth())).json()
     assert (len(found["dry_runs"]), found["dry_runs_total"]) == (10, 11)
+
+
+async def test_reading_a_history_holds_none_of_its_executions_answers(
+    flow: Flow, db: asyncpg.Connection
+) -> None:
+    """Each execution record keeps the provider's answer, which the history never shows: a
+    call executed many times must not make every read of it load them all."""
+    proposal = await flow.propose("issue_refund", refund_args())
+    call_id = proposal["call_id"]
+    large = {"lines": ["x" * 1000] * 800}  # about 800 KB each
+    for n in range(10):
+        await db.execute(
+            "INSERT INTO executions (operation_id, tenant, actor, idempotency_key, call_id,"
+            " tool, fingerprint, state, provider_status, response, expires_at)"
+            " SELECT $2, tenant, actor, $2, id, tool, fingerprint, 'failed', 500, $3,"
+            " now() + interval '1 day' FROM calls WHERE id = $1",
+            call_id,
+            f"op_{n:02d}",
+            large,
+        )
+    tracemalloc.start()
+    try:
+        response = await flow.client.get(f"/calls/{call_id}", headers=flow.auth())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 200
+    executions = response.json()["executions"]
+    assert [(x["operation_id"], x["provider_status"]) for x in executions] == [
+        (f"op_{n:02d}", 500) for n in range(10)
+    ]
+    assert peak < 800_000, peak  # less than one answer, let alone ten

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 from app.audit import store as audit
 from app.auth.principal import Principal
 from app.calls import store, waiting
-from app.calls.models import CallRow, DryRunRow, ExecutionRow
+from app.calls.models import CallRow, DryRunRow, ExecutionSummary
 from app.calls.results import mask_arguments, sensitive_values
 from app.consent import rules
 from app.consent import store as approvals
@@ -118,7 +118,7 @@ class CallRecord(NamedTuple):
     call: CallRow
     dry_runs: store.DryRuns
     decided: list[ApprovalRow]
-    executions: list[ExecutionRow]
+    executions: list[ExecutionSummary]
     events: audit.CallEvents
 
 

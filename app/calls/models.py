@@ -224,6 +224,19 @@ class DryRunRow(NamedTuple):
     created_at: datetime | None = None
 
 
+class ExecutionSummary(NamedTuple):
+    """An execution record as a call's history shows it (GET /calls/{id}): without the
+    provider's answer, which the history never shows and which may be as large as a
+    provider's answer may be, once per execution of the call."""
+
+    operation_id: str
+    state: ExecutionState
+    provider_status: int | None
+    approval_id: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
 class ExecutionRow(NamedTuple):
     operation_id: str
     tenant: str
