@@ -142,6 +142,27 @@ class TaintedArguments(
     audited = ("taint",)
 
 
+class UnendorsedArguments(
+    ToolgateError,
+    status=403,
+    code="unendorsed_arguments",
+    title="Unendorsed arguments",
+    recorded=True,
+):
+    """A policy denial: an ``x-endorsed`` argument's value comes from nobody the user
+    trusts (not in the run's task, not from a trusted result, not a known value) and the
+    tool's ``on_unendorsed`` is ``deny``; ``endorsement`` names each argument and why."""
+
+    audited = ("endorsement",)
+
+
+class OutOfScope(
+    ToolgateError, status=403, code="out_of_scope", title="Out of scope", recorded=True
+):
+    """A policy denial: a call in a run names a tool outside the run's scope, and the scope
+    refuses such calls (``outside: deny``), or the tool has no approvers to ask."""
+
+
 class ApproverForbidden(
     ToolgateError, status=403, code="approver_forbidden", title="Approver forbidden"
 ):

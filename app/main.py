@@ -36,6 +36,7 @@ from app.console.cors import CrossOrigin, error_headers
 from app.db import Database, pending_migrations
 from app.deps import malformed
 from app.errors import ContentTooLarge, InvalidRequest, NotFound, ToolgateError, Unavailable
+from app.known import router as known
 from app.locks import Locks
 from app.mcp import router as mcp
 from app.outbound import Outbound
@@ -269,6 +270,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.include_router(calls.router)
     app.include_router(approvals.router)
     app.include_router(runs.router)
+    app.include_router(known.router)
     app.include_router(catalog.router)
     app.include_router(audit.router)
     app.include_router(health.router)

@@ -312,7 +312,8 @@ async def clean(database_url: str) -> None:
         await conn.execute(
             "TRUNCATE calls, audit_events, dry_runs, approvals, executions, runs, run_repeats"
             ", run_windows, run_memory"
-            ", audit_seals, audit_chain, audit_gaps, audit_anchor, audit_archives RESTART IDENTITY"
+            ", audit_seals, audit_chain, audit_gaps, audit_anchor, audit_archives, known_values"
+            " RESTART IDENTITY"
         )
     finally:
         await conn.close()

@@ -327,9 +327,56 @@ CASES: dict[str, Case] = {
             "x-resource": "order",
             "x-identity": "user",
             "x-egress": "public",
+            "x-endorsed": "true",
         }.items()
         for name, where in NOT_HONOURED.items()
     },
+    **{
+        f"x_endorsed_{name}": Case(
+            "        email: {type: string}\n",
+            f"        email: {{{schema}}}\n",
+            ("tools", "update_email", "parameters", "properties", "email", key),
+            line="email: {",
+        )
+        for name, (schema, key) in {
+            "on_a_number": ("type: number, x-endorsed: true", "x-endorsed"),
+            "on_an_object": ("type: object, x-endorsed: true", "x-endorsed"),
+            "untyped": ("x-endorsed: true", "x-endorsed"),
+            "links_on_an_integer": ("type: integer, x-endorsed: links", "x-endorsed"),
+            "neither_true_nor_links": ("type: string, x-endorsed: urls", "x-endorsed"),
+            "kind_without_it": ("type: string, x-endorsed-kind: payee", "x-endorsed-kind"),
+            "kind_malformed": (
+                "type: string, x-endorsed: true, x-endorsed-kind: Pay Ee",
+                "x-endorsed-kind",
+            ),
+        }.items()
+    },
+    "x_endorsed_on_an_identity": Case(
+        "tenant_id: {type: string, x-identity: tenant}",
+        "tenant_id: {type: string, x-identity: tenant, x-endorsed: true}",
+        ("tools", "update_email", "parameters", "properties", "tenant_id", "x-endorsed"),
+        line="tenant_id:",
+    ),
+    "on_unendorsed_without_an_endorsed_argument": Case(
+        "    impact: high\n",
+        "    impact: high\n    on_unendorsed: deny\n",
+        ("tools", "update_email", "on_unendorsed"),
+        line="on_unendorsed",
+    ),
+    "on_unendorsed_approve_without_approvers": Case(
+        '        order_id: {type: string, pattern: "^ord_[A-Za-z0-9]+$", x-resource: order}\n'
+        "    result: {fields: [id, status]}\n",
+        '        order_id: {type: string, pattern: "^ord_[A-Za-z0-9]+$", x-resource: order,'
+        " x-endorsed: true}\n    on_unendorsed: approve\n    result: {fields: [id, status]}\n",
+        ("tools", "get_order", "on_unendorsed"),
+        line="on_unendorsed",
+    ),
+    "a_read_approved_without_endorsed_arguments": Case(
+        "    access: {roles: [support, customer]}\n",
+        "    access: {roles: [support, customer]}\n    approval: {approvers: [owner], ttl_s: 61}\n",
+        ("tools", "get_order", "approval"),
+        line="ttl_s: 61",
+    ),
     "x_resource_in_defs": Case(
         "    parameters:\n      type: object\n      additionalProperties: false\n"
         "      required: [customer_id, email]\n",

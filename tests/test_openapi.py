@@ -37,6 +37,10 @@ ENDPOINTS = {
     ("post", "/runs"),
     ("get", "/runs/{run_id}"),
     ("post", "/runs/{run_id}/finish"),
+    ("patch", "/runs/{run_id}"),
+    ("put", "/known-values/{kind}/{value}"),
+    ("delete", "/known-values/{kind}/{value}"),
+    ("get", "/known-values/{kind}"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -156,10 +160,18 @@ async def walk(client: httpx.AsyncClient, auth: Auth) -> list[Answer]:
     await ask("GET", "/audit", "/audit?limit=3", headers=auditor)
     await ask("GET", "/audit/export", "/audit/export", headers=auditor)
     await ask("GET", "/audit/verify", "/audit/verify", headers=auditor)
-    run = (await ask("POST", "/runs", "/runs", json={"task": "refunds"}, headers=auth())).json()
+    scoped = {"task": "refunds", "scope": {"tools": ["get_order", "issue_refund"]}}
+    run = (await ask("POST", "/runs", "/runs", json=scoped, headers=auth())).json()
     in_run = {**read, "run_id": run["run_id"]}
     await ask("POST", "/propose", "/propose", json=in_run, headers=auth())
     await ask("GET", "/runs/{run_id}", f"/runs/{run['run_id']}", headers=auth())
+    narrower = {"scope": {"tools": ["get_order"]}}
+    await ask("PATCH", "/runs/{run_id}", f"/runs/{run['run_id']}", json=narrower, headers=auth())
+    admin = auth(sub="root", roles="admin")
+    known = "/known-values/payee/DE89 3704 0044 0532 0130 00"
+    await ask("PUT", "/known-values/{kind}/{value}", known, headers=admin)
+    await ask("GET", "/known-values/{kind}", "/known-values/payee", headers=admin)
+    await ask("DELETE", "/known-values/{kind}/{value}", known, headers=admin)
     finish = {"status": "completed"}
     run_path = f"/runs/{run['run_id']}/finish"
     await ask("POST", "/runs/{run_id}/finish", run_path, json=finish, headers=auth())
@@ -185,6 +197,8 @@ async def walk(client: httpx.AsyncClient, auth: Auth) -> list[Answer]:
     await ask("GET", "/audit", "/audit", headers=auth())
     await ask("GET", "/runs/{run_id}", "/runs/run_nope", headers=auth())
     await ask("POST", "/runs/{run_id}/finish", run_path, json=finish, headers=auth())
+    await ask("PATCH", "/runs/{run_id}", f"/runs/{run['run_id']}", json=scoped, headers=auth())
+    await ask("PUT", "/known-values/{kind}/{value}", known, headers=auth())
     return answers
 
 

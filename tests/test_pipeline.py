@@ -65,7 +65,13 @@ def routes(app: FastAPI) -> list[APIRoute]:
 def api_routes(app: FastAPI) -> list[tuple[str, str]]:
     """(method, path) of every endpoint the API describes, path parameters filled in."""
     return [
-        (method, route.path.replace("{call_id}", "call_x").replace("{run_id}", "run_x"))
+        (
+            method,
+            route.path.replace("{call_id}", "call_x")
+            .replace("{run_id}", "run_x")
+            .replace("{kind}", "payee")
+            .replace("{value:path}", "x"),
+        )
         for route in routes(app)
         if route.include_in_schema
         for method in sorted(route.methods or ())
@@ -130,7 +136,8 @@ async def test_every_error_on_every_route_is_a_problem(
     for method, path in routes:
         if path not in UNAUTHENTICATED:
             answers.append((f"{method} {path}", 401, await client.request(method, path)))
-        answers.append((f"DELETE {path}", 405, await client.delete(path, headers=auth())))
+        if ("DELETE", path) not in routes:  # a method the endpoint does not take
+            answers.append((f"DELETE {path}", 405, await client.delete(path, headers=auth())))
         answers.append(
             (f"{method} {path}?q=%00", 400, await client.request(method, f"{path}?q=%00"))
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -16,6 +16,11 @@ class ApproveBody(Body):
     snapshot_hash: Text | None = Field(max_length=200)
     decision: Literal["approve", "reject"]
     comment: Text | None = Field(default=None, max_length=2000)
+    remember: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list, max_length=50
+    )
+    """``x-endorsed`` arguments of the call whose values the approver vouches for from now
+    on: each becomes a known value of the tenant for the argument's kind (approvals only)."""
 
 
 # --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------
@@ -47,6 +52,7 @@ class InboxItem(BaseModel):
     expires_at: datetime | None
     status: Literal["pending", "approved", "rejected", "expired"]
     taint: list[answers.Taint]
+    endorsement: list[answers.EndorsementItem] | None = None
     sensitive_arguments: dict[str, Any] | None = None
 
 

@@ -34,6 +34,8 @@ from app.errors import (
     ToolForbidden,
 )
 from app.ids import new_id
+from app.known import service as known
+from app.runs import endorsement
 from app.state import AppState
 from app.webhooks import store as webhooks
 
@@ -51,6 +53,7 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
         raise InvalidRequest("this call does not await an approval", call_id=call.id)
     if not rules.may_approve(principal, call.actor, call.tenant, tool.approval.approvers):
         raise ApproverForbidden("you may not decide this call", call_id=call.id)
+    remembered = _remembered(tool, call, body)
     binding = _binding(catalog.policy_version, tool, call, latest, body.snapshot_hash)
     await _check_ownership(state, tool, call)
     now = datetime.now(UTC)
@@ -76,7 +79,11 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
             approval, call_state in STARTED, await store.standing(conn, call.id)
         )
         if repeated is None:
-            await _record(conn, approval, call, tool, catalog.policy_version, started)
+            await _record(conn, approval, call, tool, catalog.policy_version, started, remembered)
+            for kind, value, sensitive in remembered:
+                await known.remember(
+                    conn, catalog, call.tenant, kind, value, principal.sub, sensitive=sensitive
+                )
             decided = "approved" if approval.decision == "approve" else "rejected"
             data = webhooks.call_data(
                 call.id, call.tool, call.tenant, call.actor, call.run_id, decided
@@ -93,6 +100,7 @@ async def _record(
     tool: Tool,
     policy_version: str,
     started: float,
+    remembered: list[tuple[str, str, bool]],
 ) -> None:
     """Store the decision, move the call, and write its audit row."""
     assert call.arguments is not None
@@ -125,8 +133,34 @@ async def _record(
                 "policy_version": policy_version,
             },
             total_ms=(time.perf_counter() - started) * 1000,
+            outcome={"remembered": sorted({kind for kind, _, _ in remembered})}
+            if remembered
+            else None,
         ),
     )
+
+
+def _remembered(tool: Tool, call: CallRow, body: ApproveBody) -> list[tuple[str, str, bool]]:
+    """The known values ``remember`` asks for: ``(kind, value, sensitive)`` of each named
+    ``x-endorsed`` argument's value (each link, for ``links``). Only an approval vouches,
+    and only for the tool's ``x-endorsed`` arguments."""
+    if not body.remember:
+        return []
+    if body.decision != "approve":
+        raise InvalidRequest("remember vouches for values: only an approval does", call_id=call.id)
+    endorsed = {arg.argument: arg for arg in tool.endorsed_args}
+    unknown = sorted(set(body.remember) - set(endorsed))
+    if unknown:
+        raise InvalidRequest(
+            "remember names arguments that are not x-endorsed: " + ", ".join(unknown),
+            call_id=call.id,
+        )
+    arguments = call.arguments or {}
+    return [
+        (kind, value, arg.argument in tool.sensitive_args)
+        for arg in (endorsed[name] for name in dict.fromkeys(body.remember))
+        for kind, value in endorsement.candidates([arg], arguments)
+    ]
 
 
 def _answer(approval: ApprovalRow) -> dict[str, Any]:
@@ -228,6 +262,8 @@ async def inbox(
             "status": row.status,
             "taint": row.taint or [],
         }
+        if row.endorsement:
+            item["endorsement"] = row.endorsement
         if row.status == "pending" and tool.sensitive_args:
             item["sensitive_arguments"] = sensitive_values(row.arguments, tool.sensitive_args)
         items.append(item)

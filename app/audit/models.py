@@ -19,6 +19,8 @@ Event = Literal[
     "failed",
     "reconciled",
     "expired",
+    "remembered",
+    "forgotten",
 ]
 
 

@@ -41,6 +41,18 @@ class Taint(BaseModel):
     source_call_id: str
 
 
+class EndorsementItem(BaseModel):
+    """What endorses an ``x-endorsed`` argument: the run's ``task``, a ``trusted_result``
+    of the run, or a ``known`` value of the tenant; ``null`` with ``endorsed: false`` when
+    nothing does (``reason`` says why), or with ``endorsed: true`` when its text holds no
+    link to judge. Never a value."""
+
+    argument: str
+    source: Literal["task", "trusted_result", "known"] | None
+    endorsed: bool
+    reason: str | None = None
+
+
 class Proposal(BaseModel):
     """``POST /propose``: the call is allowed, and ``next`` says what it still needs."""
 
@@ -58,6 +70,8 @@ class Proposal(BaseModel):
     proposed_by: Literal["model"]
     authorized_by: AuthorizedBy
     taint: list[Taint]
+    endorsement: list[EndorsementItem] | None = None
+    """For a tool with ``x-endorsed`` arguments."""
     """Arguments carrying values from untrusted results of the run (empty outside a run)."""
 
 
@@ -86,6 +100,8 @@ class Execution(BaseModel):
     trust: Literal["untrusted"]
     """The result is data from outside, never instructions."""
     replayed: bool
+    endorsement: list[EndorsementItem] | None = None
+    """For a tool with ``x-endorsed`` arguments: what endorsed them."""
 
 
 class CallProposal(BaseModel):
@@ -106,6 +122,7 @@ class CallProposal(BaseModel):
     proposed_by: Literal["model"]
     authorized_by: AuthorizedBy | None
     taint: list[Taint]
+    endorsement: list[EndorsementItem] | None = None
     sensitive_arguments: dict[str, Any] | None = None
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from app import telemetry
 from app.auth.principal import Principal
@@ -18,7 +18,10 @@ from app.calls.recording import write_denial
 from app.catalog.models import Owner
 from app.consent import store as approvals
 from app.errors import NotFound, ToolgateError, UnknownTool
+from app.known import store as known_values
+from app.runs import endorsement
 from app.runs import service as runs
+from app.runs.models import RunRow
 from app.runs.provenance import Recall
 from app.state import AppState
 
@@ -46,7 +49,7 @@ async def authorize(
             request.tool, policy.completed(request.tool, request.principal, request.raw_arguments)
         )
         policy.precheck(request.principal, call)
-        facts = await facts_of(state, call, request.run_id)
+        facts = await facts_of(state, call, request)
         decision = policy.decide(request.principal, call, facts)
     except ToolgateError as error:
         if error.recorded:  # a policy denial: authorization raises no gate's refusal
@@ -64,7 +67,8 @@ async def authorize(
     return Authorized(request, call, decision)
 
 
-async def facts_of(state: AppState, call: PreparedCall, run_id: str | None) -> Facts:
+async def facts_of(state: AppState, call: PreparedCall, request: Request) -> Facts:
+    run_id = request.run_id
     owners = await owners_of(state, call)
     hosts = [policy.egress_host(url) for _, url in call.egress]
     addresses = iter(await concurrently([egress.resolve(h) for h in hosts if h is not None]))
@@ -75,7 +79,42 @@ async def facts_of(state: AppState, call: PreparedCall, run_id: str | None) -> F
             for (arg, _), host in zip(call.egress, hosts, strict=True)
         },
         recall=await recall_of(state, call, run_id),
+        sources=await sources_of(state, call, request),
+        scope=scope_of(request.run),
     )
+
+
+def scope_of(run: RunRow | None) -> policy.Scope | None:
+    if run is None or run.scope_tools is None:
+        return None
+    outside: Literal["deny", "approve"] = "approve" if run.scope_outside == "approve" else "deny"
+    return policy.Scope(frozenset(run.scope_tools), outside)
+
+
+async def sources_of(
+    state: AppState, call: PreparedCall, request: Request
+) -> endorsement.Sources | None:
+    """What can endorse the call's ``x-endorsed`` arguments: its run's task and the trusted
+    results the run was given, and which of its values are known values of the tenant (one
+    statement). Nothing to ask for a tool without such arguments. A database that cannot
+    answer fails the request (503), never endorses."""
+    endorsed = call.tool.endorsed_args
+    if not endorsed:
+        return None
+    run = request.run
+    task = None
+    if run is not None and run.task:
+        task = endorsement.Text.stored(run.task_words or endorsement.spaced(run.task))
+    digests = [
+        endorsement.digest(k, v) for k, v in endorsement.candidates(endorsed, call.arguments)
+    ]
+    if not digests:
+        return endorsement.Sources(task, (), frozenset())
+    async with state.db.connection() as conn:
+        trusted, known = await known_values.sources(
+            conn, request.principal.tenant, request.run_id, digests
+        )
+    return endorsement.Sources(task, tuple(map(endorsement.Text.stored, trusted)), known)
 
 
 async def recall_of(state: AppState, call: PreparedCall, run_id: str | None) -> Recall | None:
@@ -103,11 +142,13 @@ async def concurrently(awaitables: list[Awaitable[T]]) -> list[T]:
     return list(await asyncio.gather(*awaitables))
 
 
-async def check_run(state: AppState, principal: Principal, run_id: str | None) -> None:
-    """A ``run_id`` must name the principal's own run before anything is recorded under it."""
-    if run_id is not None:
-        async with state.db.connection() as conn:
-            await runs.visible(conn, principal, run_id)
+async def check_run(state: AppState, principal: Principal, run_id: str | None) -> RunRow | None:
+    """A ``run_id`` must name the principal's own run before anything is recorded under it;
+    the run, whose scope and task decide too."""
+    if run_id is None:
+        return None
+    async with state.db.connection() as conn:
+        return await runs.visible(conn, principal, run_id)
 
 
 async def visible_call(state: AppState, principal: Principal, call_id: str) -> CallRow:

@@ -238,6 +238,8 @@ def _proposal(state: AppState, principal: Principal, call: CallRow) -> tuple[dic
         "authorized_by": call.authorized_by,
         "taint": call.taint or [],
     }
+    if call.endorsement:
+        proposal["endorsement"] = call.endorsement
     deciding = may_decide(state, principal, call)
     if sensitive and deciding:
         proposal["sensitive_arguments"] = sensitive_values(call.arguments, sensitive)

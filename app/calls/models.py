@@ -17,6 +17,7 @@ from app.calls.policy import Decision, PreparedCall
 from app.calls.states import CallState, ExecutionState
 from app.catalog.models import Catalog, Tool
 from app.errors import IdempotencyKeyInvalid, IdempotencyKeyMissing
+from app.runs.models import RunRow
 
 
 class ProposeBody(Body):
@@ -102,6 +103,9 @@ class Request(NamedTuple):
     started: float
     """When the request began deciding (``time.perf_counter``): audit rows record the
     time since."""
+    run: RunRow | None = None
+    """The run ``run_id`` names, as ``authorization.check_run`` read it (its scope and task
+    decide too)."""
 
     @classmethod
     def under(
@@ -190,6 +194,9 @@ class CallRow(NamedTuple):
     """While awaiting approval: when its approval window passes and it leaves the inbox."""
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    endorsement: list[dict[str, Any]] | None = None
+    """What endorses each ``x-endorsed`` argument, as the decision found it (``None``: the
+    tool has none, or the call was stored before 0019)."""
 
     @property
     def target(self) -> dict[str, str] | None:

@@ -79,12 +79,20 @@ class OpenExecution:
     (tool, arguments, fingerprint, target). A client's retry and the background reconciler
     both resolve records through here."""
 
-    __slots__ = ("call", "record", "request", "state")
+    __slots__ = ("call", "endorsement", "record", "request", "state")
 
     def __init__(
-        self, state: AppState, request: Request, call: PreparedCall, record: ExecutionRow
+        self,
+        state: AppState,
+        request: Request,
+        call: PreparedCall,
+        record: ExecutionRow,
+        endorsement: list[dict[str, Any]] | None = None,
     ) -> None:
         self.state, self.request, self.call, self.record = state, request, call, record
+        self.endorsement = endorsement
+        """What endorsed the call's ``x-endorsed`` arguments, for its answer (a record the
+        background reconciler resolves has no decision to tell)."""
 
     async def ask(self) -> Answer | None:
         """Ask the tool's ``reconcile`` endpoint what became of the operation, and store a
@@ -127,6 +135,7 @@ class OpenExecution:
             status,
             response.status,
             response.body,
+            self.endorsement,
         )
         audit = self._event(
             event,
@@ -353,9 +362,9 @@ class Execution:
         authorized = self.authorized
         result = record.response.get("result")
         async with self.state.db.transaction() as conn:
-            if authorized.run_id is not None and result is not None:
-                await runs.remember(
-                    conn, authorized.run_id, record.call_id, result, authorized.call.arguments
+            if authorized.run_id is not None:
+                await recording.remember_result(
+                    conn, authorized.run_id, authorized.call, record.call_id, result
                 )
             await append(
                 conn,
@@ -500,7 +509,9 @@ class Execution:
         return answer
 
     def _opened(self, record: ExecutionRow) -> OpenExecution:
-        return OpenExecution(self.state, self.authorized.request, self.authorized.call, record)
+        authorized = self.authorized
+        endorsement = recording.endorsement_list(authorized.decision, None)
+        return OpenExecution(self.state, authorized.request, authorized.call, record, endorsement)
 
     async def _send(self, record: ExecutionRow, *, resumed: bool) -> Answer:
         """Forward with the operation id as the provider's Idempotency-Key; store the

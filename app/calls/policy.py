@@ -11,7 +11,7 @@ import copy
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import rfc8785
 
@@ -20,7 +20,16 @@ from app.auth.principal import Principal
 from app.calls.states import Next
 from app.canonical import SAFE_INTEGER, as_written, digest
 from app.catalog.models import Impact, Owner, Resource, Tool, argument_text
-from app.errors import IdentitySpoof, InvalidArguments, TaintedArguments, ToolForbidden
+from app.errors import (
+    IdentitySpoof,
+    InvalidArguments,
+    OutOfScope,
+    TaintedArguments,
+    ToolForbidden,
+    UnendorsedArguments,
+)
+from app.runs import endorsement
+from app.runs.endorsement import Endorsement, Sources
 from app.runs.provenance import Candidate, Recall, Taint, candidates, findings
 
 NOT_ACCESSIBLE = "a resource named in the arguments is not accessible to this session"
@@ -48,6 +57,13 @@ class PreparedCall(NamedTuple):
     value that is not an acceptable URL is refused by ``decide``, never skipped."""
 
 
+class Scope(NamedTuple):
+    """A run's scope: the tools it may call, and what a call of another does."""
+
+    tools: frozenset[str]
+    outside: Literal["deny", "approve"]
+
+
 class Facts(NamedTuple):
     """What the service looked up just now for this decision."""
 
@@ -56,6 +72,10 @@ class Facts(NamedTuple):
     addresses: Mapping[str, tuple[str, ...]]
     """Resolved addresses per ``x-egress`` argument; empty when resolution failed."""
     recall: Recall | None = None
+    sources: Sources | None = None
+    """What can endorse the call's ``x-endorsed`` arguments (``None``: the tool has none)."""
+    scope: Scope | None = None
+    """The scope of the call's run (``None``: outside a run, or a run without one)."""
     """What the call's run remembers of its arguments (``taint_candidates``); ``None``
     outside a run, or when nothing needs judging."""
 
@@ -64,6 +84,10 @@ class Decision(NamedTuple):
     impact: Impact
     next: Next
     taint: tuple[Taint, ...] = ()
+    endorsement: tuple[Endorsement, ...] = ()
+    """Each ``x-endorsed`` argument present: what endorses it, or why nothing does."""
+    outside_scope: bool = False
+    """The call is outside its run's scope, and needs an approval for it."""
 
 
 def fingerprint(tool: str, target: Target | None, arguments: Mapping[str, Any]) -> str:
@@ -367,10 +391,27 @@ def decide(principal: Principal, call: PreparedCall, facts: Facts) -> Decision:
             + ", ".join(dict.fromkeys(t.argument for t in taint)),
             taint=[t.as_dict() for t in taint],
         )
+    tool = call.tool
+    endorsed = endorsement.judge(tool.endorsed_args, call.arguments, facts.sources)
+    unendorsed = [e.argument for e in endorsed if not e.endorsed]
+    if unendorsed and tool.on_unendorsed == "deny":
+        raise UnendorsedArguments(
+            "arguments come from nobody the user trusts: " + ", ".join(unendorsed),
+            endorsement=[e.as_dict() for e in endorsed],
+        )
+    outside = facts.scope is not None and tool.name not in facts.scope.tools
+    if outside and (facts.scope is None or facts.scope.outside == "deny" or not tool.approval):
+        raise OutOfScope(f"tool {tool.name!r} is outside the run's scope")
     impact = impact_of(principal, call)
-    if taint and call.tool.on_taint == "approve":
-        impact = "high"
-    return Decision(impact=impact, next=next_step(call.tool, impact), taint=taint)
+    if (taint and tool.on_taint == "approve") or unendorsed or outside:
+        impact = "high"  # needs a dry-run (when the tool has one) and an approval
+    return Decision(
+        impact=impact,
+        next=next_step(tool, impact),
+        taint=taint,
+        endorsement=endorsed,
+        outside_scope=outside,
+    )
 
 
 def taint_candidates(call: PreparedCall) -> list[Candidate]:

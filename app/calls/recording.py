@@ -86,6 +86,7 @@ def call_row(
         authorized_by=None if error else authorized_by(request),
         taint=taint_list(decision, error),
         pending_until=pending_until,
+        endorsement=endorsement_list(decision, error),
     )
 
 
@@ -97,6 +98,17 @@ def taint_list(
     if decision is not None:
         return [t.as_dict() for t in decision.taint] or None
     return (error.extra.get("taint") or None) if error is not None else None
+
+
+def endorsement_list(
+    decision: Decision | None, error: ToolgateError | None
+) -> list[dict[str, Any]] | None:
+    """What endorses each ``x-endorsed`` argument (or why nothing does), as the decision
+    found it or an endorsement denial named it: argument names and sources, never values;
+    ``None`` when the tool has no such argument."""
+    if decision is not None:
+        return [e.as_dict() for e in decision.endorsement] or None
+    return (error.extra.get("endorsement") or None) if error is not None else None
 
 
 def audit_event(
@@ -199,10 +211,23 @@ async def record_run_outcome(
     status: str,
     result: Any,
 ) -> None:
-    """Feed an outcome into the run's counters, and remember the strings of the result it
-    returns (``runs.remember``; not those that echo the call's arguments), in the
-    transaction that stores the result."""
+    """Feed an outcome into the run's counters, and remember the result it returns
+    (``remember_result``), in the transaction that stores the result."""
     if request.run_id is not None:
         await runs.record_outcome(conn, request.run_id, call.fingerprint, status, result)
-        if result is not None:
-            await runs.remember(conn, request.run_id, call_id, result, call.arguments)
+        await remember_result(conn, request.run_id, call, call_id, result)
+
+
+async def remember_result(
+    conn: Connection, run_id: str, call: PreparedCall, call_id: str, result: Any
+) -> None:
+    """What a run keeps of a result it is given: a trusted tool's result (data only the
+    user or tenant can write) endorses later values (``runs.remember_trusted``); any other
+    is untrusted, and its strings taint later arguments (``runs.remember``; not those that
+    echo the call's own arguments)."""
+    if result is None:
+        return
+    if call.tool.result.trusted:
+        await runs.remember_trusted(conn, run_id, result)
+    else:
+        await runs.remember(conn, run_id, call_id, result, call.arguments)

@@ -104,8 +104,11 @@ def result_body(
     status: str,
     provider_status: int,
     provider_body: Any,
+    endorsement: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """An execution's answer; ``endorsement`` (for a tool with ``x-endorsed`` arguments):
+    what endorsed them, as the decision found it."""
+    body = {
         "call_id": call_id,
         "operation_id": operation_id,
         "status": status,
@@ -114,3 +117,6 @@ def result_body(
         "trust": "untrusted",
         "replayed": False,
     }
+    if endorsement:
+        body["endorsement"] = endorsement
+    return body

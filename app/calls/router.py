@@ -35,6 +35,8 @@ AUTHORIZED = (
     errors.NotFound,
     errors.InvalidArguments,
     errors.TaintedArguments,
+    errors.UnendorsedArguments,
+    errors.OutOfScope,
     errors.ProviderUnavailable,
 )
 """What authorizing a call may answer: its refusals, an unknown call or run, and an owner

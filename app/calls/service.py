@@ -36,6 +36,7 @@ from app.calls.recording import (
     authorized_by,
     call_row,
     counts_as_call,
+    endorsement_list,
     record_run_outcome,
     write_denial,
 )
@@ -45,11 +46,13 @@ from app.canonical import digest
 from app.consent import store as approvals
 from app.db import Connection, Writer
 from app.errors import (
+    ApprovalConsumed,
     ApprovalMismatch,
     InvalidRequest,
     NotFound,
     ProviderTimeout,
     ProviderUnavailable,
+    ToolgateError,
 )
 from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
@@ -61,7 +64,7 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
     request = Request.under(
         state.catalog, principal, body.tool, body.arguments, body.run_id, body.tool_call_id
     )
-    await check_run(state, principal, body.run_id)
+    request = request._replace(run=await check_run(state, principal, body.run_id))
     call_id = new_id("call")
     authorized = await authorize(state, request, call_id, None)
     call, decision = authorized.call, authorized.decision
@@ -75,7 +78,7 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
         decision="allow",
         reason=f"next: {decision.next}",
         authorized_by=row.authorized_by,
-        outcome={"taint": row.taint} if row.taint else None,
+        outcome=proposal_outcome(row),
     )
     announced = awaiting is not None and request.catalog.subscribers(webhooks.APPROVAL_REQUESTED)
     if request.run_id is None and not announced:
@@ -115,7 +118,15 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
         "proposed_by": PROPOSED_BY,
         "authorized_by": row.authorized_by,
         "taint": row.taint or [],
+        **({"endorsement": row.endorsement} if row.endorsement else {}),
     }
+
+
+def proposal_outcome(row: CallRow) -> dict[str, Any] | None:
+    """What a proposal's audit row records of its findings: taint and endorsement (argument
+    names and sources, never values)."""
+    found = {"taint": row.taint, "endorsement": row.endorsement}
+    return {name: value for name, value in found.items() if value} or None
 
 
 async def execute(
@@ -131,7 +142,7 @@ async def execute(
     run_id = body.run_id if body.run_id is not None else named.run_id if named else None
     tool_name, arguments = _what_to_run(body, existing)
     request = Request.under(state.catalog, principal, tool_name, arguments, run_id)
-    await check_run(state, principal, run_id)
+    request = request._replace(run=await check_run(state, principal, run_id))
     call_id = existing.id if existing else new_id("call")
     authorized = await authorize(
         state, request, call_id, existing, own_arguments=body.arguments is None
@@ -146,7 +157,11 @@ async def execute(
             state, authorized, key.required(), existing, body.approval_id, body.dry_run_id
         )
         return await execution.run()
-    return Answer(await _read(state, authorized, existing, call_id))
+    if authorized.decision.impact == "high" and existing is None and approved is not None:
+        existing, call_id = approved, approved.id  # a read approved: it runs that call
+    return Answer(
+        await _read(state, authorized, existing, call_id, body.approval_id, body.dry_run_id)
+    )
 
 
 def _what_to_run(body: ExecuteBody, existing: CallRow | None) -> tuple[str, Any]:
@@ -171,13 +186,25 @@ def _what_to_run(body: ExecuteBody, existing: CallRow | None) -> tuple[str, Any]
 
 
 async def _read(
-    state: AppState, authorized: Authorized, existing: CallRow | None, call_id: str
+    state: AppState,
+    authorized: Authorized,
+    existing: CallRow | None,
+    call_id: str,
+    approval_id: str | None = None,
+    dry_run_id: str | None = None,
 ) -> dict[str, Any]:
+    """A read, run now. One that needs an approval (an unendorsed argument, a tool outside
+    its run's scope) passes the approval gate as a mutation's first call does, and uses the
+    approval up before its provider is asked: a read approved once runs once."""
     request, call, tool = authorized.request, authorized.call, authorized.tool
     gates.check_same_call(existing, call)
+    approved = authorized.decision.impact == "high"
+    if approved:
+        await _use_read_approval(state, authorized, existing, call_id, approval_id, dry_run_id)
     if request.run_id is not None:
         async with state.db.transaction() as conn:
-            counted = await counts_as_call(conn, existing)
+            # An approved read is the call its proposal counted, now executing.
+            counted = not approved and await counts_as_call(conn, existing)
             refusal = await admit_to_run(conn, authorized, new_call=counted, cost=tool.cost)
             if refusal is not None:
                 await write_denial(
@@ -209,7 +236,13 @@ async def _read(
             "the provider did not answer in time", call_id=call_id, status="unknown"
         ) from exc
     answer = result_body(
-        tool, call_id, None, classify(response.status), response.status, response.body
+        tool,
+        call_id,
+        None,
+        classify(response.status),
+        response.status,
+        response.body,
+        endorsement_list(authorized.decision, None),
     )
     await _record_read(state, authorized, existing, call_id, answer, response.elapsed_ms)
     if answer["status"] == "unknown":
@@ -217,6 +250,43 @@ async def _read(
             "the provider did not give a usable answer", call_id=call_id, status="unknown"
         )
     return answer
+
+
+async def _use_read_approval(
+    state: AppState,
+    authorized: Authorized,
+    existing: CallRow | None,
+    call_id: str,
+    approval_id: str | None,
+    dry_run_id: str | None,
+) -> None:
+    """The read's approval, checked as a mutation's first call checks its own
+    (``gates.valid_approval``) and used up with the call moved to executing, in one
+    transaction; a refusal is recorded as the call's denial (a new call's, when the
+    request named none)."""
+    request, call = authorized.request, authorized.call
+    try:
+        approval = await gates.valid_approval(
+            state, authorized, approval_id, existing.id if existing else None, dry_run_id
+        )
+        async with state.db.transaction() as conn:
+            await store.set_state(conn, call_id, "executing")  # locks the call's row
+            if not await approvals.consume(conn, approval.id, call_id):
+                raise ApprovalConsumed("the approval was used by another execution")
+    except ToolgateError as error:
+        if error.recorded:
+            async with state.db.transaction() as conn:
+                await write_denial(
+                    conn,
+                    request,
+                    call,
+                    call_id,
+                    error,
+                    new_call=existing is None,
+                    deny_call=False,
+                    event="expired" if error.code == "approval_expired" else "denied",
+                )
+        raise
 
 
 async def _record_read(
@@ -292,6 +362,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
     request = Request.under(
         state.catalog, principal, existing.tool, existing.arguments, existing.run_id
     )
+    request = request._replace(run=await check_run(state, principal, existing.run_id))
     if request.tool is not None and request.tool.dry_run is None:
         raise InvalidRequest(f"tool {request.tool.name!r} has no dry-run", call_id=existing.id)
     authorized = await authorize(state, request, existing.id, existing)

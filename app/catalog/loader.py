@@ -21,9 +21,12 @@ import pydantic
 from app.canonical import digest
 from app.catalog.models import (
     Catalog,
+    Endorsed,
+    EndorsedMode,
     Endpoint,
     Impact,
     OnTaint,
+    OnUnendorsed,
     Provider,
     Resource,
     Tool,
@@ -41,7 +44,15 @@ from app.catalog.spec import (
 )
 from app.runs.provenance import declared_names
 
-ANNOTATIONS = {"x-identity", "x-resource", "x-egress", "x-sensitive"}
+ANNOTATIONS = {
+    "x-identity",
+    "x-resource",
+    "x-egress",
+    "x-sensitive",
+    "x-endorsed",
+    "x-endorsed-kind",
+}
+_KIND = re.compile(r"[a-z][a-z0-9_.-]{0,99}")
 CEL_VARIABLES = {"args", "principal"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _TOOL_NAME = re.compile(TOOL_NAME)
@@ -226,6 +237,14 @@ def _tool(
     if t.require_dry_run and t.dry_run is None:
         source.problem((*where, "require_dry_run"), "require_dry_run needs a dry_run endpoint")
     program = _cel(t.high_impact_when, (*where, "high_impact_when"), source)
+    endorsed = annotations[4] if annotations else ()
+    on_unendorsed: OnUnendorsed = t.on_unendorsed or ("approve" if t.approval else "deny")
+    if "on_unendorsed" in t.model_fields_set and not endorsed:
+        source.problem((*where, "on_unendorsed"), "on_unendorsed needs an x-endorsed argument")
+    if t.approval is None and endorsed and on_unendorsed == "approve":
+        source.problem(
+            (*where, "on_unendorsed"), "on_unendorsed: approve needs an approval section"
+        )
     if t.mutation:
         impact: Impact = t.impact or "low"
         on_taint: OnTaint = t.on_taint or ("approve" if t.approval else "deny")
@@ -237,9 +256,15 @@ def _tool(
             source.problem((*where, "on_taint"), "on_taint: approve needs an approval section")
     else:
         impact, on_taint = "read", t.on_taint or "allow"
-        for key in ("impact", "high_impact_when", "approval", "reconcile", "require_dry_run"):
+        for key in ("impact", "high_impact_when", "reconcile", "require_dry_run"):
             if key in t.model_fields_set:
                 source.problem((*where, key), f"{key} only applies to mutations")
+        if t.approval is not None and not (endorsed and on_unendorsed == "approve"):
+            source.problem(
+                (*where, "approval"),
+                "a read is approved only when its unendorsed arguments are"
+                " (x-endorsed arguments, on_unendorsed: approve)",
+            )
         if on_taint == "approve":
             source.problem((*where, "on_taint"), "a read cannot be approved: deny or allow")
     recheck = t.approval.recheck if t.approval else None
@@ -258,7 +283,7 @@ def _tool(
         return None
     if t.provider not in providers or any(kind not in resources for _, kind in annotations[1]):
         return None  # already reported where the provider or resource is defined
-    identity, resource_names, egress, sensitive = annotations
+    identity, resource_names, egress, sensitive, endorsed = annotations
     execute = compiled["execute"]
     assert execute is not None
     resource_args = tuple((arg, resources[kind]) for arg, kind in resource_names)
@@ -279,6 +304,10 @@ def _tool(
         approval=t.approval,
         recheck=recheck is not False and t.dry_run is not None,
         on_taint=on_taint,
+        endorsed_args=tuple(
+            Endorsed(arg, mode, kind or f"{name}.{arg}") for arg, mode, kind in endorsed
+        ),
+        on_unendorsed=on_unendorsed,
         access=t.access,
         cost=t.cost,
         parameters=t.parameters,
@@ -372,7 +401,13 @@ def _schema(
     return None
 
 
-Annotations = tuple[dict[str, Any], list[tuple[str, str]], tuple[str, ...], frozenset[str]]
+Annotations = tuple[
+    dict[str, Any],
+    list[tuple[str, str]],
+    tuple[str, ...],
+    frozenset[str],
+    tuple[tuple[str, EndorsedMode, str | None], ...],
+]
 
 
 def _annotations(
@@ -393,6 +428,7 @@ def _annotations(
     resource_names: list[tuple[str, str]] = []
     egress: list[str] = []
     sensitive: set[str] = set()
+    endorsed: list[tuple[str, EndorsedMode, str | None]] = []
     for arg, prop in properties.items() if isinstance(properties, dict) else ():
         if not isinstance(prop, dict):
             continue
@@ -430,9 +466,47 @@ def _annotations(
                 )
             elif prop["x-sensitive"]:
                 sensitive.add(arg)
+        endorsement = _endorsement(arg, prop, here, source)
+        if endorsement is not None:
+            endorsed.append(endorsement)
     if len(source.problems) > before:
         return None
-    return identity, resource_names, tuple(egress), frozenset(sensitive)
+    return identity, resource_names, tuple(egress), frozenset(sensitive), tuple(endorsed)
+
+
+def _endorsement(
+    arg: str, prop: dict[str, Any], here: tuple[str | int, ...], source: Source
+) -> tuple[str, EndorsedMode, str | None] | None:
+    """An ``x-endorsed`` property's mode and kind, or ``None`` (not endorsed, or refused: an
+    annotation toolgate cannot honour refuses the catalog)."""
+    marked, kind = prop.get("x-endorsed", False), prop.get("x-endorsed-kind")
+    if kind is not None and (not isinstance(kind, str) or not _KIND.fullmatch(kind)):
+        source.problem(
+            (*here, "x-endorsed-kind"),
+            "x-endorsed-kind is 1-100 of lowercase letters, digits, '_', '.' and '-'",
+        )
+    if marked is False:
+        if "x-endorsed-kind" in prop:
+            source.problem((*here, "x-endorsed-kind"), "x-endorsed-kind needs x-endorsed")
+        return None
+    if marked not in (True, "links"):
+        source.problem((*here, "x-endorsed"), "x-endorsed is true or 'links'")
+        return None
+    if "x-identity" in prop:
+        source.problem(
+            (*here, "x-endorsed"),
+            "an x-identity argument is always the session's own: it needs no endorsement",
+        )
+    allowed = ("string",) if marked == "links" else ("string", "integer")
+    if prop.get("type") not in allowed:
+        source.problem(
+            (*here, "x-endorsed"),
+            "x-endorsed: links needs type: string"
+            if marked == "links"
+            else "x-endorsed needs type: string or type: integer",
+        )
+        return None
+    return arg, "links" if marked == "links" else "value", kind
 
 
 _NAME_MAPS = {"properties", "patternProperties", "$defs", "dependentSchemas"}

@@ -14,6 +14,18 @@ from app.catalog.spec import AccessSpec, ApprovalSpec, Method, ResultSpec
 
 Impact = Literal["read", "low", "high"]
 OnTaint = Literal["approve", "deny", "allow"]
+OnUnendorsed = Literal["approve", "deny"]
+EndorsedMode = Literal["value", "links"]
+
+
+class Endorsed(NamedTuple):
+    """An ``x-endorsed`` argument: its name, what is judged (``value``: the whole value;
+    ``links``: every URL, host name and e-mail address in its text), and the kind of known
+    values that endorse it (``x-endorsed-kind``, default ``<tool>.<argument>``)."""
+
+    argument: str
+    mode: EndorsedMode
+    kind: str
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,10 @@ class Tool:
     """Preview an approved call again before it runs (``approval.recheck``, resolved)."""
     on_taint: OnTaint
     """What a tainted argument in a run does (``on_taint``, resolved)."""
+    endorsed_args: tuple[Endorsed, ...]
+    """``x-endorsed`` arguments, in schema order."""
+    on_unendorsed: OnUnendorsed
+    """What an unendorsed argument does (``on_unendorsed``, resolved)."""
     access: AccessSpec
     cost: float
     parameters: Mapping[str, Any]

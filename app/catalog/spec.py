@@ -86,6 +86,10 @@ class ResultSpec(_Spec):
     """Dotted paths kept from the provider's JSON; absent: everything is kept."""
     redact: list[str] = Field(default_factory=list)
     """Dotted paths whose values are replaced by "[redacted]"."""
+    trusted: bool = False
+    """The result is data only the user or their tenant can write (their contacts, saved
+    payees), never data outsiders can write: in a run, its values endorse ``x-endorsed``
+    arguments of later calls."""
 
 
 class ToolSpec(_Spec):
@@ -111,12 +115,19 @@ class ToolSpec(_Spec):
     high_impact_when: str | None = None
     """Mutations: CEL over args and principal; true raises a low-impact call to high."""
     approval: ApprovalSpec | None = None
-    """Mutations: required when the tool can be high impact."""
+    """Required when the tool can be high impact: a mutation that may be, or any tool whose
+    unendorsed arguments are approved (``on_unendorsed: approve``)."""
     on_taint: Literal["approve", "deny", "allow"] | None = None
     """In a run, a string argument copied from an untrusted result the run was given (and
     not written in its task): 'approve' treats the call as high impact (dry-run and
     approval), 'deny' refuses it (tainted_arguments), 'allow' lets it pass. Default: allow
     for reads; for mutations approve, or deny when the tool has no approval section."""
+    on_unendorsed: Literal["approve", "deny"] | None = None
+    """An ``x-endorsed`` argument whose value comes from nobody the user trusts (not in the
+    run's task, not from a trusted result, not a known value): 'approve' treats the call as
+    high impact (dry-run and approval), reads too; 'deny' refuses it
+    (unendorsed_arguments). Default: approve when the tool has an approval section, else
+    deny."""
     access: AccessSpec = Field(default_factory=AccessSpec)
     cost: float = Field(default=0.0, ge=0)
     """Units charged to a run for each executed call."""

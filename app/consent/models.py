@@ -112,6 +112,7 @@ class InboxRow:
     expires_at: datetime | None
     status: str
     taint: list[dict[str, str]] | None
+    endorsement: list[dict[str, Any]] | None
 
     @property
     def target(self) -> dict[str, str] | None:

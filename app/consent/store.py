@@ -169,7 +169,7 @@ async def inbox(
     rows = await conn.fetch(
         f"""
         SELECT id, tool, actor, tenant, target_type, target_id, arguments, impact, snapshot,
-               snapshot_hash, requested_at, expires_at, status, taint
+               snapshot_hash, requested_at, expires_at, status, taint, endorsement
         FROM ({_INBOX[status]}) page
         WHERE (requested_at, id) < (coalesce($2::timestamptz, 'infinity'), $3)
         ORDER BY requested_at DESC, id DESC LIMIT $4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints
 
 from app.bodies import Body, Text
 
@@ -32,9 +32,29 @@ SERVER_MAXIMA = {
 }
 
 
+class Scope(Body):
+    """The tools a run may call, chosen from the human's request before the run reads
+    anything: a call of another tool is refused (``deny``, ``out_of_scope``) or needs an
+    approval (``approve``)."""
+
+    tools: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = Field(
+        max_length=500
+    )
+    """Tool names as the catalog writes them (1-64 letters, digits, ``_`` or ``-``)."""
+    outside: Literal["deny", "approve"] = "deny"
+
+
 class RunBody(Body):
     task: Text | None = Field(default=None, max_length=2000)
     limits: Limits = Field(default_factory=Limits)
+    scope: Scope | None = None
+
+
+class ScopeBody(Body):
+    """``PATCH /runs/{id}``: a narrower scope (a subset of the tools; ``approve`` may become
+    ``deny``, never the reverse)."""
+
+    scope: Scope
 
 
 class FinishBody(Body):
@@ -62,10 +82,23 @@ class RunRow(NamedTuple):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+    task_words: str | None = None
+    """The task as words (``endorsement.spaced``), judged against without normalizing it
+    again on every call."""
+    scope_tools: list[str] | None = None
+    """The tools the run may call; ``None``: any."""
+    scope_outside: str | None = None
+    """What a call of another tool does: ``deny`` or ``approve``."""
 
     @property
     def limits(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in SERVER_MAXIMA}
+
+    @property
+    def scope(self) -> dict[str, Any] | None:
+        if self.scope_tools is None:
+            return None
+        return {"tools": self.scope_tools, "outside": self.scope_outside or "deny"}
 
 
 @dataclass(frozen=True)
@@ -92,12 +125,19 @@ class RunLimits(BaseModel):
     max_failures: int
 
 
+class RunScope(BaseModel):
+    tools: list[str]
+    outside: Literal["deny", "approve"]
+
+
 class RunCreated(BaseModel):
-    """``POST /runs``: the run, with the limits in force (never above the server's)."""
+    """``POST /runs``: the run, with the limits in force (never above the server's), and its
+    scope (``null``: any tool)."""
 
     run_id: str
     status: Literal["active"]
     limits: RunLimits
+    scope: RunScope | None = None
 
 
 class RunCounters(BaseModel):
@@ -113,6 +153,7 @@ class Run(BaseModel):
 
     run_id: str
     task: str | None
+    scope: RunScope | None = None
     status: Literal[
         "active", "awaiting_approval", "completed", "needs_clarification", "handed_off", "failed"
     ]

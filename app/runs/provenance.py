@@ -126,6 +126,36 @@ def normalized(text: str) -> str:
     return folded.translate(_FOLDING)
 
 
+class _Splitting(dict[int, int | None]):
+    """``_FOLDING`` for words: a character that is dropped within a value (a combining mark,
+    one that renders as nothing) is dropped within a word too, and every other character
+    that is not kept ends a word (it becomes a space)."""
+
+    def __missing__(self, code: int) -> int | None:
+        kept = _FOLDING[code]
+        if kept is None:
+            char = chr(code)
+            joins = unicodedata.category(char)[0] == "M" or char in _INVISIBLE
+            kept = None if joins else ord(" ")
+        if len(self) < 65_536:
+            self[code] = kept
+        return kept
+
+
+_SPLITTING = _Splitting()
+_ASCII_WORDS = str.maketrans({c: " " for c in map(chr, range(128)) if not c.isalnum()})
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text``, each normalized as ``normalized`` normalizes a value: what the
+    separators between them (anything neither a letter nor a digit) delimit. ``"".join`` of
+    a value's words is its ``normalized`` form."""
+    if text.isascii():
+        return text.lower().translate(_ASCII_WORDS).split()
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
+    return folded.translate(_SPLITTING).split()
+
+
 def windows(text: str) -> list[int]:
     """The windows of an already normalized ``text``, in order (one per start position).
     An ASCII window is its 8 bytes read as a number (exact); any other is the first 8 bytes

@@ -8,7 +8,7 @@ from app.deps import AUTHENTICATED, CurrentPrincipal, PathId, State
 from app.errors import ContentTooLarge, NotFound
 from app.responses import JSON, problems
 from app.runs import service
-from app.runs.models import FinishBody, Run, RunBody, RunCreated
+from app.runs.models import FinishBody, Run, RunBody, RunCreated, ScopeBody
 
 router = APIRouter()
 
@@ -21,6 +21,18 @@ async def create_run(
 ) -> JSON:
     """The body is optional: a run with no task and the server's limits."""
     return JSON(await service.create(state, principal, body or RunBody()))
+
+
+@router.patch(
+    "/runs/{run_id}",
+    response_model=Run,
+    responses=problems(*AUTHENTICATED, ContentTooLarge, NotFound),
+)
+async def narrow_run(
+    run_id: PathId, body: ScopeBody, principal: CurrentPrincipal, state: State
+) -> JSON:
+    """Narrow the run's scope (never widen it)."""
+    return JSON(await service.narrow(state, principal, run_id, body))
 
 
 @router.get("/runs/{run_id}", response_model=Run, responses=problems(*AUTHENTICATED, NotFound))

@@ -17,8 +17,8 @@ from app.catalog.models import Catalog
 from app.db import Connection
 from app.errors import InvalidRequest, NotFound, RepeatedCall, RunLimitExceeded, ToolgateError
 from app.ids import new_id
-from app.runs import provenance, store
-from app.runs.models import SERVER_MAXIMA, FinishBody, RunBody, RunRow
+from app.runs import endorsement, provenance, store
+from app.runs.models import SERVER_MAXIMA, FinishBody, RunBody, RunRow, ScopeBody
 from app.state import AppState
 from app.webhooks import store as webhooks
 
@@ -43,10 +43,36 @@ async def create(state: AppState, principal: Principal, body: RunBody) -> dict[s
         max_cost=float(limits["max_cost"]),
         max_repeats=int(limits["max_repeats"]),
         max_failures=int(limits["max_failures"]),
+        task_words=endorsement.spaced(body.task) if body.task else None,
+        scope_tools=list(dict.fromkeys(body.scope.tools)) if body.scope else None,
+        scope_outside=body.scope.outside if body.scope else None,
     )
     async with state.db.transaction() as conn:
         await store.insert(conn, run)
-    return {"run_id": run.id, "status": "active", "limits": run.limits}
+    return {"run_id": run.id, "status": "active", "limits": run.limits, "scope": run.scope}
+
+
+async def narrow(
+    state: AppState, principal: Principal, run_id: str, body: ScopeBody
+) -> dict[str, Any]:
+    """Narrow the run's scope: a subset of its tools (any, when it had no scope), and
+    ``approve`` may become ``deny``; anything wider is refused."""
+    wanted = body.scope
+    async with state.db.transaction() as conn:
+        run = await visible(conn, principal, run_id, lock=True)
+        if run.scope_tools is not None:
+            wider = sorted(set(wanted.tools) - set(run.scope_tools))
+            if wider:
+                raise InvalidRequest(
+                    "a run's scope can only be narrowed: not in it " + ", ".join(wider),
+                    run_id=run.id,
+                )
+            if run.scope_outside == "deny" and wanted.outside == "approve":
+                raise InvalidRequest(
+                    "a run's scope can only be narrowed: outside: deny stays deny", run_id=run.id
+                )
+        await store.set_scope(conn, run.id, list(dict.fromkeys(wanted.tools)), wanted.outside)
+    return await read(state, principal, run_id)
 
 
 async def visible(
@@ -203,6 +229,19 @@ async def remember(
         await store.remember(conn, run_id, call_id, list(found))
 
 
+MAX_TRUSTED_CHARS = 262_144
+"""How much of its trusted results a run keeps to endorse values by (their words). Past it,
+later trusted results endorse nothing: a value they alone hold needs an approval."""
+
+
+async def remember_trusted(conn: Connection, run_id: str, result: Any) -> None:
+    """Keep the words of a trusted result returned to the run, in the caller's transaction
+    (the one that records the result), to endorse the run's later values by."""
+    text = endorsement.spaced(" ".join(provenance.strings(result)))
+    if text:
+        await store.remember_trusted(conn, run_id, text, MAX_TRUSTED_CHARS)
+
+
 async def recall(
     conn: Connection, run_id: str, candidates: list[provenance.Candidate]
 ) -> provenance.Recall:
@@ -223,6 +262,7 @@ async def read(state: AppState, principal: Principal, run_id: str) -> dict[str, 
     body: dict[str, Any] = {
         "run_id": run.id,
         "task": run.task,
+        "scope": run.scope,
         "status": status,
         "limits": run.limits,
         "counters": {

@@ -166,6 +166,32 @@ async def remember(conn: Connection, run_id: str, call_id: str, windows: list[in
     )
 
 
+async def remember_trusted(conn: Connection, run_id: str, text: str, most: int) -> None:
+    """Keep ``text`` (a trusted result's words) while the run keeps at most ``most``
+    characters of them."""
+    await conn.execute(
+        """
+        INSERT INTO run_memory (run_id, trusted, trusted_chars)
+        SELECT $1, ARRAY[$2], length($2) WHERE length($2) <= $3
+        ON CONFLICT (run_id) DO UPDATE SET trusted = run_memory.trusted || EXCLUDED.trusted,
+            trusted_chars = run_memory.trusted_chars + EXCLUDED.trusted_chars
+        WHERE run_memory.trusted_chars + EXCLUDED.trusted_chars <= $3
+        """,
+        run_id,
+        text,
+        most,
+    )
+
+
+async def set_scope(conn: Connection, run_id: str, tools: list[str], outside: str) -> None:
+    await conn.execute(
+        "UPDATE runs SET scope_tools = $2, scope_outside = $3, updated_at = now() WHERE id = $1",
+        run_id,
+        tools,
+        outside,
+    )
+
+
 async def forget_after(conn: Connection, run_id: str, call_id: str) -> None:
     await conn.execute(
         "UPDATE run_memory SET forgotten_after = $2 WHERE run_id = $1 AND forgotten_after IS NULL",

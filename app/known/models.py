@@ -1,0 +1,37 @@
+"""What ``/known-values`` answers, as the OpenAPI document describes it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel
+
+
+class KnownValue(BaseModel):
+    """``PUT /known-values/{kind}/{value}``: the value as kept; ``value`` is ``null`` for a
+    kind that endorses a sensitive argument (only its digest is kept)."""
+
+    kind: str
+    digest: str
+    value: str | None
+
+
+class Forgotten(BaseModel):
+    kind: str
+    digest: str
+    removed: bool
+
+
+class KnownItem(BaseModel):
+    kind: str
+    digest: str
+    value: str | None
+    added_by: str
+    added_at: datetime
+
+
+class KnownPage(BaseModel):
+    """``GET /known-values/{kind}``: in digest order; ``next_cursor`` null on the last page."""
+
+    items: list[KnownItem]
+    next_cursor: str | None
