@@ -419,3 +419,27 @@ async def test_an_export_row_holding_a_unicode_line_separator_is_read_whole(
         exported = await auditor.audit_export(run_id=run["run_id"])
     assert [item["event"] for item in page["items"]] == ["denied"]
     assert exported == page["items"]
+
+
+async def test_a_run_scoped_from_the_users_request_refuses_and_hides_other_tools(
+    as_user: Callable[..., AsyncClient], providers: Providers
+) -> None:
+    from toolgate_client.langgraph import ToolgateNode
+    from toolgate_client.openai_agents import ToolgateTools
+
+    async with as_user() as alice:
+        run = await alice.start_run("Where is my order ord_1?", tools=["get_order"])
+        assert run["scope"] == {"tools": ["get_order"], "outside": "deny"}
+        with pytest.raises(ToolgateError) as refused:
+            await alice.propose("issue_refund", refund_args(), run_id=run["run_id"])
+        assert (refused.value.status, refused.value.code) == (403, "out_of_scope")
+        with pytest.raises(ToolgateError) as wider:
+            await alice.narrow_run(run["run_id"], ["get_order", "issue_refund"])
+        assert wider.value.code == "invalid_request"
+        narrowed = await alice.narrow_run(run["run_id"], [])
+        assert narrowed.get("scope") == {"tools": [], "outside": "deny"}
+        agents = await ToolgateTools.for_task(alice, "Where is ord_1?", tools=["get_order"])
+        assert [tool.name for tool in await agents.tools()] == ["get_order"]
+        node = await ToolgateNode.for_task(alice, "Where is ord_1?", tools=["get_order"])
+        assert [t["function"]["name"] for t in await node.tools()] == ["get_order"]
+    assert (await providers.stats())["effects_by_path"] == {}

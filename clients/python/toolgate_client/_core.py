@@ -32,6 +32,7 @@ from toolgate_client.models import (
     DryRun,
     Execution,
     Format,
+    Outside,
     Page,
     Proposal,
     Run,
@@ -377,11 +378,28 @@ class Operations:
         return cast(Catalog, (yield from answered(Request("GET", "/catalog", params=params))))
 
     @operation
-    def start_run(self, task: str | None = None, *, limits: JSON | None = None) -> Plan[Run]:
-        """A new run (one agent task) with budgets; pass its ``run_id`` to the calls."""
-        return cast(
-            Run, (yield from answered(Request("POST", "/runs", body(task=task, limits=limits))))
-        )
+    def start_run(
+        self,
+        task: str | None = None,
+        *,
+        limits: JSON | None = None,
+        tools: list[str] | None = None,
+        outside: Outside = "deny",
+    ) -> Plan[Run]:
+        """A new run (one agent task) with budgets; pass its ``run_id`` to the calls.
+        ``tools``: its scope, the only tools it may call (chosen from the user's request,
+        before the run reads any data); a call of another is refused, or with ``outside:
+        "approve"`` needs an approval."""
+        scope = {"tools": tools, "outside": outside} if tools is not None else None
+        request = Request("POST", "/runs", body(task=task, limits=limits, scope=scope))
+        return cast(Run, (yield from answered(request)))
+
+    @operation
+    def narrow_run(self, run_id: str, tools: list[str], outside: Outside = "deny") -> Plan[Run]:
+        """Narrow a run's scope to ``tools`` (a subset of its scope; never wider)."""
+        payload = {"scope": {"tools": tools, "outside": outside}}
+        request = Request("PATCH", f"/runs/{quote(run_id, safe='')}", payload)
+        return cast(Run, (yield from answered(request)))
 
     @operation
     def run(self, run_id: str) -> Plan[Run]:

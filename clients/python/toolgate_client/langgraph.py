@@ -32,8 +32,8 @@ from langgraph.func import task
 from langgraph.types import Command, interrupt
 
 from toolgate_client.aio import AsyncClient
-from toolgate_client.models import JSON
-from toolgate_client.tool_calls import Decision, Outcome, Prepared, ToolCalls
+from toolgate_client.models import JSON, Outside
+from toolgate_client.tool_calls import Decision, Outcome, Prepared, ToolCalls, scoped_run
 
 __all__ = ["KIND", "ToolgateNode"]
 
@@ -46,12 +46,28 @@ class ToolgateNode:
     It reads and answers the state's ``messages_key`` list, as ``ToolNode`` does."""
 
     def __init__(
-        self, client: AsyncClient, *, run_id: str | None = None, messages_key: str = "messages"
+        self,
+        client: AsyncClient,
+        *,
+        run_id: str | None = None,
+        messages_key: str = "messages",
+        tools: list[str] | None = None,
     ) -> None:
-        self._tool_calls = ToolCalls(client, run_id)
+        """``tools``: the run's scope, if it has one; the model is shown only those."""
+        self._tool_calls = ToolCalls(client, run_id, tools)
         self.messages_key = messages_key
         self._prepare = task(self._prepared)
         self._run = task(self._outcome)
+
+    @classmethod
+    async def for_task(
+        cls, client: AsyncClient, task: str, *, tools: list[str], outside: Outside = "deny"
+    ) -> ToolgateNode:
+        """A node for a new run of ``task`` scoped to ``tools``, chosen from the user's
+        request before the run reads any data: a call of another tool is refused (or, with
+        ``outside="approve"``, needs an approval), and the model is shown only these."""
+        run_id, scope = await scoped_run(client, task, tools, outside)
+        return cls(client, run_id=run_id, tools=scope)
 
     async def tools(self) -> list[JSON]:
         """The catalog's tools this user may use, as strict OpenAI tool schemas for

@@ -10,6 +10,8 @@ from typing import Any, Literal, NotRequired, TypedDict
 JSON = dict[str, Any]
 Format = Literal["raw", "openai", "openai-responses", "anthropic", "mcp"]
 RunEnd = Literal["completed", "needs_clarification", "handed_off", "failed"]
+Outside = Literal["deny", "approve"]
+"""What a run's scope does with a call of a tool outside it: refuse it, or ask an approver."""
 
 
 class Target(TypedDict):
@@ -81,10 +83,19 @@ class Catalog(TypedDict):
     tools: list[JSON]
 
 
+class Scope(TypedDict):
+    """The tools a run may call (chosen from the user's request, before the run reads any
+    data), and what a call of another tool does."""
+
+    tools: list[str]
+    outside: Outside
+
+
 class Run(TypedDict):
     run_id: str
     status: str
     limits: JSON
+    scope: NotRequired[Scope | None]
     task: NotRequired[str | None]
     counters: NotRequired[JSON]
     calls: NotRequired[list[JSON]]

@@ -25,8 +25,8 @@ from agents import FunctionTool, RunContextWrapper, RunResult, RunResultStreamin
 from agents.tool_context import ToolContext
 
 from toolgate_client.aio import AsyncClient
-from toolgate_client.models import JSON
-from toolgate_client.tool_calls import Prepared, ToolCalls, problem_text
+from toolgate_client.models import JSON, Outside
+from toolgate_client.tool_calls import Prepared, ToolCalls, problem_text, scoped_run
 
 __all__ = ["ToolgateTools"]
 
@@ -55,8 +55,10 @@ class ToolgateTools:
         *,
         run_id: str | None = None,
         calls: Mapping[str, str] | None = None,
+        tools: list[str] | None = None,
     ) -> None:
-        self._tool_calls = ToolCalls(client, run_id)
+        """``tools``: the run's scope, if it has one; the model is shown only those."""
+        self._tool_calls = ToolCalls(client, run_id, tools)
         self._names: set[str] = set()
         self._prepared = {
             sdk_id: Prepared(call_id=call_id, needs_approval=True)
@@ -64,6 +66,16 @@ class ToolgateTools:
         }
         self._asked: dict[str, str] = {}
         """What each of the model's tool calls asked for (``asked``), by the SDK's call id."""
+
+    @classmethod
+    async def for_task(
+        cls, client: AsyncClient, task: str, *, tools: list[str], outside: Outside = "deny"
+    ) -> ToolgateTools:
+        """The tools for a new run of ``task`` scoped to ``tools``, chosen from the user's
+        request before the run reads any data: a call of another tool is refused (or, with
+        ``outside="approve"``, needs an approval), and the model is shown only these."""
+        run_id, scope = await scoped_run(client, task, tools, outside)
+        return cls(client, run_id=run_id, tools=scope)
 
     @property
     def calls(self) -> dict[str, str]:

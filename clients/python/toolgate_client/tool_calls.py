@@ -22,7 +22,7 @@ from typing import Any, Literal
 from toolgate_client._core import MAX_WAIT_S
 from toolgate_client.aio import AsyncClient
 from toolgate_client.errors import ToolgateError
-from toolgate_client.models import JSON, Format
+from toolgate_client.models import JSON, Format, Outside
 
 
 @dataclass(frozen=True)
@@ -72,22 +72,45 @@ def execution_key(call_id: str) -> str:
     return "call-" + hashlib.sha256(call_id.encode()).hexdigest()[:32]
 
 
+def tool_name(schema: JSON) -> str | None:
+    """A listed tool's name, whatever the format's shape (``{"function": {"name"}}`` or
+    ``{"name"}``)."""
+    function = schema.get("function")
+    found = function.get("name") if isinstance(function, dict) else schema.get("name")
+    return found if isinstance(found, str) else None
+
+
+async def scoped_run(
+    client: AsyncClient, task: str, tools: list[str], outside: Outside = "deny"
+) -> tuple[str, list[str]]:
+    """A run started for ``task`` with its scope: its id and tools."""
+    run = await client.start_run(task, tools=tools, outside=outside)
+    return run["run_id"], tools
+
+
 def refusal(error: ToolgateError) -> str:
     return problem_text(error.code, error.detail, error.call_id)
 
 
 class ToolCalls:
-    """``client``'s user's tool calls, counted against ``run_id`` when given."""
+    """``client``'s user's tool calls, counted against ``run_id`` when given; ``tools``, the
+    run's scope, limits what the model is shown (toolgate refuses the rest anyway)."""
 
-    def __init__(self, client: AsyncClient, run_id: str | None = None) -> None:
+    def __init__(
+        self, client: AsyncClient, run_id: str | None = None, tools: list[str] | None = None
+    ) -> None:
         self.client = client
         self.run_id = run_id
+        self.tools = tools
 
     async def schemas(self, format: Format) -> list[JSON]:
-        """The tools this user may use, as strict-mode schemas (an optional argument may be
-        ``null``, which toolgate takes as absent) without the arguments toolgate fills in
-        from the token."""
-        return (await self.client.catalog(format, strict=True))["tools"]
+        """The tools this user may use (within the scope), as strict-mode schemas (an
+        optional argument may be ``null``, which toolgate takes as absent) without the
+        arguments toolgate fills in from the token."""
+        listed = (await self.client.catalog(format, strict=True))["tools"]
+        if self.tools is None:
+            return listed
+        return [tool for tool in listed if tool_name(tool) in self.tools]
 
     async def prepare(self, tool: str, arguments: JSON, tool_call_id: str | None) -> Prepared:
         try:
