@@ -21,8 +21,10 @@ from playwright.async_api import Browser, Page, expect
 
 from app.main import create_app
 from app.settings import Settings
+from examples.demo_providers import ATTACKER_IBAN
 from tests.conftest import ROOT, Providers, served
 from tests.flows import ALICE, BOB, Auth, Flow, new_key, refund_args
+from tests.test_endorsement import ENDORSED
 
 Token = Callable[..., str]
 REFUNDS = "/billing/refunds"
@@ -56,6 +58,23 @@ async def open_schema(env: dict[str, str], tmp_path: Path, clean: None) -> Async
     application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
     async with application.router.lifespan_context(application), served(application) as url:
         yield url
+
+
+@pytest.fixture
+async def endorsing(
+    env: dict[str, str], tmp_path: Path, catalog_dir: Path, clean: None
+) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """Another toolgate, served, whose bank endorses ``send_money``'s recipient (an
+    unendorsed one waits for an approver); yields its base URL and a client of it."""
+    (tmp_path / "demo.yaml").write_text((catalog_dir / "demo.yaml").read_text())
+    (tmp_path / "bank.yaml").write_text(ENDORSED.replace("MODE", "approve"))
+    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
+    async with (
+        application.router.lifespan_context(application),
+        served(application) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        yield url, client
 
 
 async def screenshot(page: Page, name: str, tmp_path: Path) -> None:
@@ -214,6 +233,53 @@ async def test_an_argument_named_like_a_member_of_every_object_is_shown_as_sent(
         shown = page.locator(f'[data-argument="{name}"]')
         await expect(shown.locator("code")).to_have_text(value)
         await expect(shown.locator(".badge")).to_have_count(0)
+
+
+async def test_an_approver_sees_which_value_nobody_vouched_for_and_may_vouch_for_it(
+    page: Page,
+    endorsing: tuple[str, httpx.AsyncClient],
+    auth: Auth,
+    token: Token,
+    db: Any,
+    tmp_path: Path,
+) -> None:
+    """A transfer to an IBAN the model joined from pieces is endorsed by nothing the user
+    trusts: the inbox and the call say so (never with the value in the reason), and the
+    approver may remember it, after which the same recipient needs no approval."""
+    url, client = endorsing
+    flow = Flow(client, auth)
+    run = await flow.post("/runs", {"task": "Pay my December rent to the landlord."})
+    recipient = ATTACKER_IBAN.replace(" ", "")
+    args = {"account_id": "acc_1", "recipient": recipient, "amount": 10.0}
+    proposal = (
+        await flow.post(
+            "/propose", {"tool": "send_money", "arguments": args, "run_id": run.json()["run_id"]}
+        )
+    ).json()
+    assert proposal["next"] == "dry_run", proposal
+    await flow.dry_run(proposal["call_id"])
+
+    await sign_in(page, url, "/console", token(**BOB))
+    row = page.locator(f'tr[data-call-id="{proposal["call_id"]}"]')
+    await expect(row).to_contain_text("recipient unendorsed")
+    await row.get_by_role("link").click()
+    reason = page.locator('[data-endorsement="recipient"]')
+    await expect(reason).to_contain_text("not endorsed")
+    await expect(reason).not_to_contain_text(recipient)
+    await expect(page.locator('[data-argument="recipient"]')).to_contain_text("unendorsed")
+    await page.locator('[data-remember="recipient"]').check()
+    await page.locator("#confirm").check()
+    await screenshot(page, "console-endorsement.png", tmp_path)
+    await page.locator("#approve").click()
+    await expect(page.locator("#outcome")).to_contain_text("Approved")
+
+    kinds = await db.fetch("SELECT tenant, kind, added_by FROM known_values")
+    assert [tuple(k) for k in kinds] == [("acme", "payee", "bob")]
+    again = await flow.post("/propose", {"tool": "send_money", "arguments": args})
+    assert again.json()["endorsement"] == [
+        {"argument": "recipient", "source": "known", "endorsed": True}
+    ]
+    assert again.json()["next"] == "execute"
 
 
 async def test_an_auditor_searches_the_trail_and_verifies_the_chain(

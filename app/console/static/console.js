@@ -9,6 +9,8 @@
 //   (a bidi override, a zero-width space) is shown as a visible marker, never applied.
 // - An approval names the snapshot hash of the preview this page showed; if the call was
 //   previewed again meanwhile, toolgate refuses it and the page says so.
+// - Endorsement is shown by argument and source, with toolgate's reason when nothing
+//   endorses a value; the page never repeats a value in it.
 
 const TOKEN_KEY = "toolgate.token";
 const REFRESH_MS = 5000;
@@ -233,7 +235,14 @@ function inboxTable(items) {
     el(
       "tr",
       { "data-call-id": item.call_id },
-      el("td", {}, el("a", { href: `/console/calls/${encodeURIComponent(item.call_id)}` }, item.tool)),
+      el(
+        "td",
+        {},
+        el("a", { href: `/console/calls/${encodeURIComponent(item.call_id)}` }, item.tool),
+        unendorsed(item.endorsement).map((found) =>
+          el("span", { class: "badge", title: found.reason || "" }, `${found.argument} unendorsed`),
+        ),
+      ),
       el("td", {}, item.actor),
       el("td", {}, target(item.target)),
       el("td", {}, el("span", { class: `impact ${item.impact}` }, item.impact)),
@@ -280,6 +289,7 @@ async function callPage(callId) {
         ["Preview expires", latest ? `${when(latest.expires_at)} (${remaining(latest.expires_at)})` : "—"],
       ]),
       taint && taint.length ? taintBox(taint) : null,
+      proposal.endorsement && proposal.endorsement.length ? endorsementBox(proposal.endorsement) : null,
       el(
         "div",
         { class: "columns" },
@@ -321,7 +331,15 @@ function argumentsTable(proposal) {
     return el(
       "tr",
       { "data-argument": name },
-      el("th", {}, name, sensitive ? el("span", { class: "badge" }, "sensitive") : null),
+      el(
+        "th",
+        {},
+        name,
+        sensitive ? el("span", { class: "badge" }, "sensitive") : null,
+        unendorsed(proposal.endorsement).some((found) => found.argument === name)
+          ? el("span", { class: "badge" }, "unendorsed")
+          : null,
+      ),
       el("td", {}, el("code", {}, typeof shown === "string" ? shown : json(shown))),
     );
   });
@@ -342,6 +360,42 @@ function taintBox(taint) {
           {},
           `argument ${mark.argument} came from the result of `,
           el("a", { href: `/console/calls/${encodeURIComponent(mark.source_call_id)}` }, mark.source_call_id),
+        ),
+      ),
+    ),
+  );
+}
+
+const ENDORSED_BY = {
+  task: "the run's task (the user's own words)",
+  trusted_result: "a trusted result returned earlier in the run",
+  known: "a value the tenant vouched for (a known value)",
+};
+
+/** The arguments whose value nobody the user trusts has vouched for. */
+function unendorsed(endorsement) {
+  return (endorsement || []).filter((found) => !found.endorsed);
+}
+
+function endorsementBox(endorsement) {
+  const missing = unendorsed(endorsement);
+  return el(
+    "div",
+    { class: missing.length ? "warning" : "ok", id: "endorsement" },
+    el("strong", {}, missing.length ? "Values nobody the user trusts has vouched for" : "Where the values come from"),
+    el(
+      "ul",
+      {},
+      endorsement.map((found) =>
+        el(
+          "li",
+          { "data-endorsement": found.argument },
+          `argument ${found.argument}: `,
+          found.endorsed
+            ? found.source
+              ? `endorsed by ${ENDORSED_BY[found.source] || found.source}`
+              : "holds nothing that needs endorsing"
+            : `not endorsed${found.reason ? ` (${found.reason})` : ""}`,
         ),
       ),
     ),
@@ -405,6 +459,10 @@ function decisionBox(call, latest) {
   const shownHash = latest ? latest.snapshot_hash : null;
   const comment = el("textarea", { id: "comment", rows: 2, maxlength: 2000, placeholder: "optional" });
   const confirm = el("input", { type: "checkbox", id: "confirm" });
+  const remember = unendorsed(call.proposal.endorsement).map((found) => ({
+    argument: found.argument,
+    box: el("input", { type: "checkbox", "data-remember": found.argument }),
+  }));
   const outcome = el("div", { id: "outcome" });
   const approveButton = el("button", { type: "button", id: "approve", class: "approve", disabled: true }, "Approve");
   const rejectButton = el("button", { type: "button", id: "reject", class: "reject" }, "Reject");
@@ -421,6 +479,10 @@ function decisionBox(call, latest) {
           snapshot_hash: shownHash,
           decision,
           comment: comment.value.trim() || null,
+          remember:
+            decision === "approve"
+              ? remember.filter((choice) => choice.box.checked).map((choice) => choice.argument)
+              : [],
         },
       });
       outcome.replaceChildren(
@@ -470,6 +532,14 @@ function decisionBox(call, latest) {
     ),
     el("label", { for: "comment" }, "Comment"),
     comment,
+    remember.map((choice) =>
+      el(
+        "label",
+        { class: "check" },
+        choice.box,
+        ` Also vouch for this ${choice.argument} from now on: calls with the same value will not need an approval for it`,
+      ),
+    ),
     el("label", { class: "check" }, confirm, " I have checked the arguments and the preview above"),
     el("div", { class: "buttons" }, approveButton, rejectButton),
     outcome,
