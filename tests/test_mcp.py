@@ -159,7 +159,7 @@ async def test_a_high_impact_refund_awaits_an_approval_and_a_later_identical_cal
     async with connected(servers, token()) as client:
         waiting = await client.call_tool("issue_refund", args)
         again = await client.call_tool("issue_refund", args)
-    assert waiting.is_error is True
+    assert waiting.is_error is False  # waiting is not failing
     pending = structured(waiting)
     assert pending["status"] == "awaiting_approval"
     assert pending["approval_url"].endswith(f"/console/calls/{pending['call_id']}")

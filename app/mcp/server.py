@@ -3,8 +3,9 @@ for the principal the endpoint verified (``router.Caller``), as MCP results.
 
 A tool call's outcome (``calls.Outcome``) becomes: the execution's answer as the result
 (``isError`` when the provider refused it), a refusal as an ``isError`` result carrying the
-problem document and its ``code``, a call waiting for an approval as an ``isError`` result
-with ``{"status": "awaiting_approval", "call_id", "approval_url"}``, and a question for
+problem document and its ``code``, a call waiting for an approval as a result that is not an
+error (nothing failed; clients and inspectors must not report it as one) with
+``{"status": "awaiting_approval", "call_id", "approval_url", "message"}``, and a question for
 the user as the ``InputRequiredResult`` the client answers and retries with. Results that
 carry a provider's data say ``"trust": "untrusted"`` in ``_meta``.
 """
@@ -97,8 +98,12 @@ def result(outcome: calls.Outcome) -> types.CallToolResult | types.InputRequired
                 "status": "awaiting_approval",
                 "call_id": outcome.call_id,
                 "approval_url": outcome.approval_url,
+                "message": (
+                    "This call waits for an approver's decision at approval_url. Once it is"
+                    " approved, call the tool again with the same arguments: it runs once."
+                ),
             },
-            is_error=True,
+            is_error=False,
         )
     params: types.ElicitRequestParams = (
         types.ElicitRequestFormParams(message=outcome.message, requested_schema=DECISION_SCHEMA)
