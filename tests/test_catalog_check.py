@@ -860,3 +860,35 @@ def test_a_schema_that_refers_outside_the_catalog_is_refused_and_nothing_is_fetc
     problems = problems_of(write(tmp_path, text))
     assert at(problems, ("tools", "issue_refund", "parameters"))
     assert asked == []
+
+
+@pytest.mark.parametrize(
+    ("expression", "named"),
+    [
+        ("args.reasn.size() > 3", "args.reasn"),
+        ("has(args.amout) && args.amount > 1.0", "args.amout"),
+        ("args['amont'] > 100.0", "args.amont"),
+        ("args.amount > 100.0 || principal.role == 'intern'", "principal.role"),
+    ],
+)
+def test_cel_naming_an_argument_or_principal_field_that_does_not_exist_is_refused(
+    tmp_path: Path, expression: str, named: str
+) -> None:
+    """A misspelt argument name compiles, and then every call fails to evaluate, which
+    fails closed: every call silently needs an approval. Check refuses it instead."""
+    text = edit(
+        BASE, 'high_impact_when: "args.amount > 100.0"', f'high_impact_when: "{expression}"'
+    )
+    with pytest.raises(CatalogError) as refused:
+        load(write(tmp_path, text), {})
+    assert f"CEL names {named}, which a call does not have" in str(refused.value)
+
+
+def test_cel_may_name_declared_arguments_in_any_form_and_mention_others_in_strings(
+    tmp_path: Path,
+) -> None:
+    expression = "args['amount'] > 100.0 || (has(args.order_id) && args.order_id == 'args.x')"
+    text = edit(
+        BASE, 'high_impact_when: "args.amount > 100.0"', f'high_impact_when: "{expression}"'
+    )
+    assert load(write(tmp_path, text), {}).tools["issue_refund"].high_impact_when is not None

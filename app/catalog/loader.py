@@ -6,6 +6,7 @@ Everything ``toolgate check`` refuses (docs/catalog.md) is refused here, so ``se
 
 from __future__ import annotations
 
+import ast
 import binascii
 import re
 from base64 import b64decode
@@ -64,6 +65,19 @@ _RESOURCE_ID_TYPES = ("string", "integer")
 _MACRO_VARIABLE = re.compile(
     r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,"
 )
+# What CEL selects from `args` and `principal` by a literal name (`args.x`, `args["x"]`);
+# string literals are matched as a whole, so a name inside one is not a selection.
+_CEL_STRING = (
+    r"""[rRbB]{0,2}(?:"{3}[\s\S]*?"{3}|'{3}[\s\S]*?'{3}"""
+    r"""|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')"""
+)
+_CEL_SELECTION = re.compile(
+    rf"(?<![\w.])(?P<variable>args|principal)\s*"
+    rf"(?:\.\s*(?P<field>[A-Za-z_]\w*)|\[\s*(?P<index>{_CEL_STRING})\s*\])"
+    rf"|{_CEL_STRING}"
+)
+PRINCIPAL_FIELDS = frozenset({"sub", "tenant", "roles"})
+"""What ``principal`` holds in CEL (``Principal.as_cel``)."""
 
 
 class CatalogError(Exception):
@@ -236,7 +250,9 @@ def _tool(
     }
     if t.require_dry_run and t.dry_run is None:
         source.problem((*where, "require_dry_run"), "require_dry_run needs a dry_run endpoint")
-    program = _cel(t.high_impact_when, (*where, "high_impact_when"), source)
+    program = _cel(
+        t.high_impact_when, _top_level(t.parameters), (*where, "high_impact_when"), source
+    )
     endorsed = annotations[4] if annotations else ()
     on_unendorsed: OnUnendorsed = t.on_unendorsed or ("approve" if t.approval else "deny")
     if "on_unendorsed" in t.model_fields_set and not endorsed:
@@ -559,7 +575,10 @@ def _strip_annotations(node: Any, names: bool = False) -> Any:
 
 
 def _cel(
-    expression: str | None, where: tuple[str | int, ...], source: Source
+    expression: str | None,
+    arguments: frozenset[str],
+    where: tuple[str | int, ...],
+    source: Source,
 ) -> cel.Program | None:
     if expression is None:
         return None
@@ -573,4 +592,41 @@ def _cel(
     if unknown:
         source.problem(where, f"CEL may only reference args and principal, not {sorted(unknown)}")
         return None
+    known = {("args", name) for name in arguments} | {("principal", f) for f in PRINCIPAL_FIELDS}
+    undeclared = sorted(_selected(expression) - known)
+    if undeclared:
+        named = ", ".join(f"{variable}.{name}" for variable, name in undeclared)
+        source.problem(
+            where,
+            f"CEL names {named}, which a call does not have (args: the top-level properties"
+            f" of parameters; principal: {', '.join(sorted(PRINCIPAL_FIELDS))}): a misspelt"
+            " name would make every call high impact",
+        )
+        return None
     return program
+
+
+def _selected(expression: str) -> set[tuple[str, str]]:
+    """The ``(variable, name)`` pairs an expression selects by a literal name."""
+    found = set()
+    for match in _CEL_SELECTION.finditer(expression):
+        if match["field"]:
+            found.add((match["variable"], match["field"]))
+        elif match["index"]:
+            found.add((match["variable"], _cel_string(match["index"])))
+    return found
+
+
+def _cel_string(literal: str) -> str:
+    """A CEL string literal's text (its escapes read as Python reads them; one that cannot
+    be read is kept as written, which names no argument, so it is refused)."""
+    try:
+        value = ast.literal_eval(literal)
+    except (ValueError, SyntaxError):
+        return literal
+    return value if isinstance(value, str) else literal
+
+
+def _top_level(parameters: Any) -> frozenset[str]:
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    return frozenset(properties) if isinstance(properties, dict) else frozenset()
