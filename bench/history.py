@@ -1,6 +1,6 @@
 """Load realistic history into a toolgate database, then seal it with toolgate's own sealer.
 
-    python bench/history.py --calls 1000000 [--database NAME] [--keep]
+    python bench/history.py --calls 1000000 [--database NAME]
 
 Creates the database (``history_<calls>`` unless named), runs ``toolgate migrate`` on it and
 writes, with set-based SQL inside PostgreSQL (``generate_series``; nothing row by row
