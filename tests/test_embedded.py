@@ -21,6 +21,7 @@ import pytest
 
 from app import embedded
 from app.embedded import USERADD_LOCK
+from app.settings import ConfigError
 from tests.conftest import ROOT, SECRET, children, exited, free_port
 
 
@@ -410,3 +411,32 @@ def test_a_lock_file_others_can_read_is_replaced_not_trusted(
 def _take(outcome: list[str]) -> None:
     with embedded._useradd_lock():
         outcome.append("taken")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the system user is made only as root")
+def test_as_root_the_system_user_is_made_with_a_path_that_lacks_sbin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Minimal service environments run with ``PATH=/usr/bin:/bin``: ``useradd`` (in
+    ``/usr/sbin``) was not found, and ``toolgate demo`` died with a FileNotFoundError
+    traceback."""
+    import pwd
+
+    user = f"tg_path_{os.getpid()}"
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    try:
+        embedded._make_user(user)
+        assert pwd.getpwnam(user).pw_name == user
+    finally:
+        subprocess.run(["/usr/sbin/userdel", user], capture_output=True)
+
+
+def test_without_useradd_anywhere_the_error_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(embedded, "SYSTEM_TOOLS", (tmp_path,))
+    with pytest.raises(ConfigError) as refused:
+        embedded._make_user(f"tg_none_{os.getpid()}")
+    assert "useradd, which is neither on PATH nor in" in str(refused.value)
+    assert "TOOLGATE_DATABASE_URL" in str(refused.value)
