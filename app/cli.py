@@ -1,5 +1,5 @@
-"""The ``toolgate`` command: serve, migrate, check, catalog-schema, token, audit verify and
-keygen, demo.
+"""The ``toolgate`` command: serve, migrate, check, test, catalog-schema, token, audit verify
+and keygen, demo.
 
 Without ``TOOLGATE_DATABASE_URL``, the commands that need a database (serve, migrate, audit
 verify, demo) run on the embedded store in ``TOOLGATE_DATA_DIR`` (``app.embedded``): started
@@ -116,6 +116,21 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "path", nargs="?", help="catalog file or directory (default: the configured catalog)"
     )
+    tests = commands.add_parser(
+        "test",
+        help="test a catalog's decisions offline",
+        description="Run catalog test files (*_test.yaml): each names its catalog and gives "
+        "the facts (principals, owners, known values, a run's task and results); each case "
+        "proposes a call and states the decision toolgate must take. No database, Redis or "
+        "provider is used. Prints each failing case with its file:line; exit 0 only when "
+        "every case of every file passed.",
+    )
+    tests.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATH", help="test files, or directories to search"
+    )
+    tests.add_argument(
+        "--junit", type=Path, metavar="FILE", help="also write the results as JUnit XML"
+    )
     commands.add_parser(
         "catalog-schema",
         help="print the JSON Schema of catalog files",
@@ -199,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[variable] = getattr(args, flag)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop)
+    if args.command == "test":
+        return _test(args.paths, args.junit)
     if args.command == "catalog-schema":
         from app.catalog.spec import json_schema
 
@@ -395,6 +412,34 @@ def _check(settings: Settings, path: Path) -> int:
         return 1
     print(f"{path}: {len(catalog.tools)} tools, policy_version {catalog.policy_version}")
     return 0
+
+
+def _test(paths: list[Path], junit: Path | None) -> int:
+    from app.calls import offline
+    from app.catalog.source import Problem
+
+    outcomes: list[offline.Outcome] = []
+    problems: list[Problem] = []
+    found = offline.files(paths)
+    if not found:
+        problems.append(Problem(" ".join(map(str, paths)), None, (), f"no {offline.PATTERN}"))
+    for path in found:
+        try:
+            outcomes.extend(offline.run_file(path))
+        except offline.Malformed as exc:
+            problems.extend(exc.problems)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    failed = [o for o in outcomes if o.differences]
+    for outcome in failed:
+        print(outcome)
+    print(
+        f"{len(outcomes) - len(failed)} passed, {len(failed)} failed"
+        + (f", {len(problems)} problem(s) in the test files" if problems else "")
+    )
+    if junit is not None:
+        junit.write_bytes(offline.junit(outcomes, problems))
+    return 1 if failed or problems else 0
 
 
 def _serve(settings: Settings, host: str, port: int, workers: int) -> int:

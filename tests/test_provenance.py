@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from mcp_types.version import LATEST_MODERN_VERSION
 
-from app.runs import service as runs_service
+from app.runs import provenance
 from app.runs import store as runs_store
 from examples.demo_providers import ATTACKER_IBAN
 from tests.conftest import ROOT, Providers, running_app, serving
@@ -309,7 +309,7 @@ async def test_a_run_past_its_memory_bound_fails_closed(
 ) -> None:
     """A result that does not fit is not remembered; from then on every judged argument not
     in the task is tainted, sourced to that call: never silently forgotten."""
-    monkeypatch.setattr(runs_service, "MAX_WINDOWS", 2000)
+    monkeypatch.setattr(provenance, "MAX_WINDOWS", 2000)
     run_id = await start_run(strict, "Pay 950 to the landlord NL91 ABNA 0417 1643 00.")
     first = await read_transactions(strict, run_id)
     second = await read_transactions(strict, run_id, extra=500)

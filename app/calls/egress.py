@@ -9,12 +9,19 @@ import socket
 RESOLVE_TIMEOUT_S = 2.0
 
 
-async def resolve(host: str) -> tuple[str, ...]:
-    """Every address ``host`` resolves to; empty when it does not resolve (a denial)."""
+def literal(host: str) -> tuple[str, ...] | None:
+    """The address ``host`` is, when it is an IP address written out (nothing to resolve)."""
     try:
         return (str(ipaddress.ip_address(host)),)
     except ValueError:
-        pass
+        return None
+
+
+async def resolve(host: str) -> tuple[str, ...]:
+    """Every address ``host`` resolves to; empty when it does not resolve (a denial)."""
+    written = literal(host)
+    if written is not None:
+        return written
     loop = asyncio.get_running_loop()
     try:
         infos = await asyncio.wait_for(

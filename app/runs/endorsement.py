@@ -36,6 +36,9 @@ from app.catalog.models import Endorsed
 from app.runs.provenance import WINDOW, normalized, words
 
 Source = Literal["task", "trusted_result", "known"]
+MAX_TRUSTED_CHARS = 262_144
+"""How much of its trusted results a run keeps to endorse values by (their words). Past it,
+later trusted results endorse nothing: a value they alone hold needs an approval."""
 SOURCES: tuple[Source, ...] = ("task", "trusted_result", "known")
 
 

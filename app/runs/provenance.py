@@ -49,6 +49,9 @@ from typing import Any
 
 WINDOW = 8
 """Characters per window; also the shortest argument that is judged."""
+MAX_WINDOWS = 500_000
+"""Windows one run may remember (about 20,000 values of 30 characters). A result that does
+not fit is not remembered, and from then on every judged argument of the run is tainted."""
 
 
 _INVISIBLE = frozenset(

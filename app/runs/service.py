@@ -208,11 +208,6 @@ async def record_outcome(
     )
 
 
-MAX_WINDOWS = 500_000
-"""Windows one run may remember (about 20,000 values of 30 characters). A result that does
-not fit is not remembered, and from then on every judged argument of the run is tainted."""
-
-
 async def remember(
     conn: Connection, run_id: str, call_id: str, result: Any, arguments: Any
 ) -> None:
@@ -222,16 +217,11 @@ async def remember(
     held, forgotten_after = await store.memory(conn, run_id)
     if forgotten_after is not None:
         return
-    found = provenance.remembered(result, MAX_WINDOWS - held, arguments)
+    found = provenance.remembered(result, provenance.MAX_WINDOWS - held, arguments)
     if found is None:
         await store.forget_after(conn, run_id, call_id)
     elif found:
         await store.remember(conn, run_id, call_id, list(found))
-
-
-MAX_TRUSTED_CHARS = 262_144
-"""How much of its trusted results a run keeps to endorse values by (their words). Past it,
-later trusted results endorse nothing: a value they alone hold needs an approval."""
 
 
 async def remember_trusted(conn: Connection, run_id: str, result: Any) -> None:
@@ -239,7 +229,7 @@ async def remember_trusted(conn: Connection, run_id: str, result: Any) -> None:
     (the one that records the result), to endorse the run's later values by."""
     text = endorsement.spaced(" ".join(provenance.strings(result)))
     if text:
-        await store.remember_trusted(conn, run_id, text, MAX_TRUSTED_CHARS)
+        await store.remember_trusted(conn, run_id, text, endorsement.MAX_TRUSTED_CHARS)
 
 
 async def recall(
