@@ -260,6 +260,24 @@ def _refund_quote(st: State, args: JSON) -> tuple[int, JSON]:
     return 200, quote | balance | {"exceeds_refundable": amount > refundable}
 
 
+def _refund_preview(st: State, args: JSON) -> tuple[int, JSON]:
+    """The quote, with what it would change and what an approver must be warned of."""
+    status, quote = _refund_quote(st, args)
+    if status != 200:
+        return status, quote
+    where = f"orders/{quote['order_id']}/refundable"
+    changes = [{"path": where, "before": quote["refundable"], "after": quote["new_balance"]}]
+    warnings = (
+        [
+            f"The refund exceeds what is still refundable ({quote['refundable']}"
+            f" {quote['currency']}): billing will refuse it."
+        ]
+        if quote["exceeds_refundable"]
+        else []
+    )
+    return 200, quote | {"changes": changes, "warnings": warnings}
+
+
 def _refund(st: State, request: web.Request, args: JSON) -> tuple[int, JSON]:
     status, quote = _refund_quote(st, args)
     if status != 200:
@@ -302,6 +320,15 @@ def _deploy_plan(st: State, args: JSON) -> tuple[int, JSON]:
         return _invalid("version is a required string")
     plan = {"service_id": service["id"], "tenant": service["tenant"]}
     return 200, plan | {"from_version": service["current_version"], "to_version": args["version"]}
+
+
+def _deploy_preview(st: State, args: JSON) -> tuple[int, JSON]:
+    status, plan = _deploy_plan(st, args)
+    if status != 200:
+        return status, plan
+    where = f"services/{plan['service_id']}/version"
+    change = {"path": where, "before": plan["from_version"], "after": plan["to_version"]}
+    return 200, plan | {"changes": [change]}
 
 
 def _deploy(st: State, request: web.Request, args: JSON) -> tuple[int, JSON]:
@@ -361,6 +388,17 @@ def _transfer_quote(st: State, args: JSON) -> tuple[int, JSON]:
         return _invalid("amount must be a positive number and recipient a string")
     quote = {"account_id": account["id"], "recipient": recipient, "amount": amount}
     return 200, quote | {"balance": account["balance"], "new_balance": account["balance"] - amount}
+
+
+def _transfer_preview(st: State, args: JSON) -> tuple[int, JSON]:
+    status, quote = _transfer_quote(st, args)
+    if status != 200:
+        return status, quote
+    where = f"accounts/{quote['account_id']}/balance"
+    changes = [{"path": where, "before": quote["balance"], "after": quote["new_balance"]}]
+    below = quote["new_balance"] < 0
+    warnings = ["The balance would go below zero: the bank will refuse it."] if below else []
+    return 200, quote | {"changes": changes, "warnings": warnings}
 
 
 def _transfer(st: State, request: web.Request, args: JSON) -> tuple[int, JSON]:
@@ -468,7 +506,7 @@ def build_app() -> web.Application:
     routes: list[tuple[str, str, Handler]] = [
         ("GET", "/billing/orders/{id}", lookup("orders")),
         ("GET", "/billing/orders/{id}/owner", lookup("orders", owner=True)),
-        ("POST", "/billing/refunds/preview", preview(_refund_quote)),
+        ("POST", "/billing/refunds/preview", preview(_refund_preview)),
         ("POST", "/billing/refunds", mutation(_refund)),
         ("GET", "/billing/refunds/operations/{operation_id}", reconcile()),
         ("GET", "/support/tickets/{id}", lookup("tickets")),
@@ -476,7 +514,7 @@ def build_app() -> web.Application:
         ("POST", "/support/tickets", mutation(_create_ticket)),
         ("POST", "/support/tickets/{id}/comments", mutation(_add_comment)),
         ("GET", "/deploy/services/{id}/owner", lookup("services", owner=True)),
-        ("POST", "/deploy/deployments/preview", preview(_deploy_plan)),
+        ("POST", "/deploy/deployments/preview", preview(_deploy_preview)),
         ("POST", "/deploy/deployments", mutation(_deploy)),
         ("GET", "/deploy/deployments/operations/{operation_id}", reconcile()),
         ("GET", "/crm/customers/{id}", lookup("customers")),
@@ -485,7 +523,7 @@ def build_app() -> web.Application:
         ("GET", "/bank/accounts/{id}/owner", lookup("accounts", owner=True)),
         ("GET", "/bank/accounts/{id}/transactions", _transactions),
         ("GET", "/bank/accounts/{id}/payees", _payees),
-        ("POST", "/bank/transfers/preview", preview(_transfer_quote)),
+        ("POST", "/bank/transfers/preview", preview(_transfer_preview)),
         ("POST", "/bank/transfers", mutation(_transfer)),
         ("GET", "/bank/transfers/operations/{operation_id}", reconcile()),
         ("GET", "/_control/stats", control_stats),

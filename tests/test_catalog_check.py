@@ -892,3 +892,20 @@ def test_cel_may_name_declared_arguments_in_any_form_and_mention_others_in_strin
         BASE, 'high_impact_when: "args.amount > 100.0"', f'high_impact_when: "{expression}"'
     )
     assert load(write(tmp_path, text), {}).tools["issue_refund"].high_impact_when is not None
+
+
+@pytest.mark.parametrize(
+    ("summary", "message"),
+    [
+        ("[amount, amout]", "'amout' is not a top-level parameter"),
+        ("[note]", "'note' is x-sensitive: the inbox never shows its value"),
+    ],
+)
+def test_an_approval_summary_names_parameters_the_inbox_may_show(
+    tmp_path: Path, summary: str, message: str
+) -> None:
+    text = BASE.replace("ttl_s: 300}", f"ttl_s: 300, summary: {summary}}}", 1)
+    assert text != BASE
+    with pytest.raises(CatalogError) as refused:
+        load(write(tmp_path, text), {})
+    assert message in str(refused.value)

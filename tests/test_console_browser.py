@@ -235,6 +235,44 @@ async def test_an_argument_named_like_a_member_of_every_object_is_shown_as_sent(
         await expect(shown.locator(".badge")).to_have_count(0)
 
 
+async def test_inbox_rows_tell_requests_apart_and_a_warned_preview_asks_twice(
+    page: Page, base_url: str, flow: Flow, token: Token, providers: Providers, tmp_path: Path
+) -> None:
+    """Two refunds of one order showed as identical inbox rows, and a preview warning that
+    the refund exceeds what is refundable was plain JSON that Approve went past. Rows show
+    the values the catalog's ``approval.summary`` names; the call's page shows what would
+    change (before → after) and the provider's warnings first, and asks to confirm them."""
+    small = (await flow.propose("issue_refund", refund_args(130.0)))["call_id"]
+    await flow.dry_run(small)
+    large = await pending_refund(flow, note="goodwill")
+    huge = (await flow.propose("issue_refund", refund_args(4900.0)))["call_id"]
+    await flow.dry_run(huge)
+
+    await sign_in(page, base_url, "/console", token(**BOB))
+    rows = {c: page.locator(f'tr[data-call-id="{c}"]') for c in (small, large, huge)}
+    await expect(rows[small]).to_contain_text("amount 130")
+    await expect(rows[huge]).to_contain_text("amount 4900")
+    await expect(rows[huge]).to_contain_text("currency EUR")
+    await expect(rows[huge].locator(".badge")).to_have_text("warning")
+    await expect(rows[small].locator(".badge")).to_have_count(0)
+    await expect(page.locator("main")).not_to_contain_text("goodwill")  # never sensitive
+
+    await rows[huge].get_by_role("link").click()
+    await expect(page.locator("#warnings")).to_contain_text("exceeds what is still refundable")
+    change = page.locator('#before-after tr[data-path="orders/ord_1/refundable"]')
+    await expect(change.locator("td.old")).to_have_text("250")
+    await expect(change.locator("td.new")).to_have_text("-4650")
+    await expect(page.locator("#raw-preview")).not_to_have_attribute("open", "")
+    approve = page.locator("#approve")
+    await page.locator("#confirm").check()
+    await expect(approve).to_be_disabled()  # the warnings are confirmed on their own
+    await page.locator("#confirm-warnings").check()
+    await expect(approve).to_be_enabled()
+    await screenshot(page, "console-before-after.png", tmp_path)
+    await page.locator("#raw-preview summary").click()
+    await expect(page.locator("#preview")).to_contain_text('"exceeds_refundable": true')
+
+
 async def test_an_approver_sees_which_value_nobody_vouched_for_and_may_vouch_for_it(
     page: Page,
     endorsing: tuple[str, httpx.AsyncClient],

@@ -54,6 +54,9 @@ class InboxItem(BaseModel):
     taint: list[answers.Taint]
     endorsement: list[answers.EndorsementItem] | None = None
     sensitive_arguments: dict[str, Any] | None = None
+    summary: dict[str, Any] = {}
+    """The values of the arguments the tool's ``approval.summary`` names, as sent (absent
+    ones left out): what tells this request from others of the same tool."""
 
 
 class Inbox(BaseModel):

@@ -261,6 +261,7 @@ async def inbox(
             "expires_at": row.expires_at.isoformat() if row.expires_at else None,
             "status": row.status,
             "taint": row.taint or [],
+            "summary": _summary(tool, row.arguments),
         }
         if row.endorsement:
             item["endorsement"] = row.endorsement
@@ -274,3 +275,10 @@ async def inbox(
             cursors.encode(last.requested_at.isoformat(), last.call_id) if last else None
         ),
     }
+
+
+def _summary(tool: Tool, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    """The values ``approval.summary`` names, as sent (never sensitive: the catalog refuses
+    a sensitive one there)."""
+    shown = tool.approval.summary if tool.approval else []
+    return {name: arguments[name] for name in shown if arguments and name in arguments}

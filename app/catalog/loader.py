@@ -291,6 +291,16 @@ def _tool(
             source.problem(
                 (*where, "approval", "approvers", i), "approvers are 'owner' or 'role:<name>'"
             )
+    for i, shown in enumerate(t.approval.summary if t.approval else []):
+        if shown not in _top_level(t.parameters):
+            source.problem(
+                (*where, "approval", "summary", i), f"{shown!r} is not a top-level parameter"
+            )
+        elif annotations is not None and shown in annotations[3]:
+            source.problem(
+                (*where, "approval", "summary", i),
+                f"{shown!r} is x-sensitive: the inbox never shows its value",
+            )
     for key, paths in (("fields", t.result.fields or []), ("redact", t.result.redact)):
         for i, dotted in enumerate(paths):
             if not all(dotted.split(".")):

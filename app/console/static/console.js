@@ -242,16 +242,24 @@ function inboxTable(items) {
         unendorsed(item.endorsement).map((found) =>
           el("span", { class: "badge", title: found.reason || "" }, `${found.argument} unendorsed`),
         ),
+        warnings(item.snapshot).length ? el("span", { class: "badge alarm" }, "warning") : null,
       ),
       el("td", {}, item.actor),
       el("td", {}, target(item.target)),
+      el(
+        "td",
+        { class: "summary" },
+        Object.entries(item.summary || {}).map(([name, value]) =>
+          el("span", { class: "pair" }, `${name} `, el("strong", {}, shown(value))),
+        ),
+      ),
       el("td", {}, el("span", { class: `impact ${item.impact}` }, item.impact)),
       el("td", {}, age(item.requested_at)),
       el("td", {}, remaining(item.expires_at)),
     ),
   );
   return table(
-    ["Tool", "Actor", "Target", "Impact", "Waiting", "Preview expires"],
+    ["Tool", "Actor", "Target", "Details", "Impact", "Waiting", "Preview expires"],
     rows,
     "Nothing is waiting for your decision.",
   );
@@ -288,6 +296,7 @@ async function callPage(callId) {
         ["Arguments fingerprint", proposal.fingerprint],
         ["Preview expires", latest ? `${when(latest.expires_at)} (${remaining(latest.expires_at)})` : "—"],
       ]),
+      latest && warnings(latest.snapshot).length ? warningBox(warnings(latest.snapshot)) : null,
       taint && taint.length ? taintBox(taint) : null,
       proposal.endorsement && proposal.endorsement.length ? endorsementBox(proposal.endorsement) : null,
       el(
@@ -298,12 +307,7 @@ async function callPage(callId) {
           "div",
           { class: "card" },
           el("h2", {}, "Preview"),
-          latest
-            ? [
-                el("pre", { id: "preview" }, json(latest.snapshot)),
-                el("p", { class: "hash" }, `snapshot ${latest.snapshot_hash}, previewed ${when(latest.created_at)}`),
-              ]
-            : el("p", { class: "empty" }, "No preview yet."),
+          latest ? previewOf(latest) : el("p", { class: "empty" }, "No preview yet."),
           earlier ? changes(earlier, latest) : null,
         ),
       ),
@@ -402,6 +406,68 @@ function endorsementBox(endorsement) {
   );
 }
 
+/** A preview: what the provider says it would change (before → after), when it says so,
+ * with the raw preview one click away; else the raw preview. */
+function previewOf(preview) {
+  const raw = el("pre", { id: "preview" }, json(preview.snapshot));
+  const stamp = el("p", { class: "hash" }, `snapshot ${preview.snapshot_hash}, previewed ${when(preview.created_at)}`);
+  const listed = changesOf(preview.snapshot);
+  if (!listed.length) return [raw, stamp];
+  const rows = listed.map((change) =>
+    el(
+      "tr",
+      { "data-path": change.path },
+      el("th", {}, change.path),
+      el("td", { class: `old ${kind(change.before)}` }, shown(change.before)),
+      el("td", { class: `new ${kind(change.after)}` }, shown(change.after)),
+    ),
+  );
+  return [
+    el(
+      "table",
+      { id: "before-after" },
+      el("thead", {}, el("tr", {}, el("th", {}, "What changes"), el("th", {}, "Before"), el("th", {}, "After"))),
+      el("tbody", {}, rows),
+    ),
+    el("details", { id: "raw-preview" }, el("summary", {}, "Raw preview"), raw),
+    stamp,
+  ];
+}
+
+/** The preview's ``changes`` a provider answered, those well-formed: {path, before, after}. */
+function changesOf(snapshot) {
+  const listed = snapshot && Array.isArray(snapshot.changes) ? snapshot.changes : [];
+  return listed.filter((c) => c && typeof c === "object" && typeof c.path === "string");
+}
+
+/** The preview's ``warnings``, as text. */
+function warnings(snapshot) {
+  const listed = snapshot && Array.isArray(snapshot.warnings) ? snapshot.warnings : [];
+  return listed.map((w) => (typeof w === "string" ? w : json(w)));
+}
+
+function warningBox(told) {
+  return el(
+    "div",
+    { class: "problem", id: "warnings", role: "alert" },
+    el("strong", {}, "The provider warns"),
+    el("ul", {}, told.map((w) => el("li", {}, w))),
+  );
+}
+
+/** A value as a cell shows it: text as is, anything else as JSON; absent as such. */
+function shown(value) {
+  if (value === undefined) return "(absent)";
+  return typeof value === "string" ? value : json(value);
+}
+
+/** Money (numbers) and dates stand out in a before → after table. */
+function kind(value) {
+  if (typeof value === "number") return "money";
+  if (typeof value === "string" && /^\d{4}-\d{2}-\d{2}/.test(value)) return "date";
+  return "";
+}
+
 /** What differs between two previews, path by path. */
 function changes(before, after) {
   const found = [];
@@ -459,6 +525,9 @@ function decisionBox(call, latest) {
   const shownHash = latest ? latest.snapshot_hash : null;
   const comment = el("textarea", { id: "comment", rows: 2, maxlength: 2000, placeholder: "optional" });
   const confirm = el("input", { type: "checkbox", id: "confirm" });
+  const warned = latest ? warnings(latest.snapshot).length > 0 : false;
+  const confirmWarnings = el("input", { type: "checkbox", id: "confirm-warnings" });
+  const ready = () => confirm.checked && (!warned || confirmWarnings.checked);
   const remember = unendorsed(call.proposal.endorsement).map((found) => ({
     argument: found.argument,
     box: el("input", { type: "checkbox", "data-remember": found.argument }),
@@ -466,9 +535,11 @@ function decisionBox(call, latest) {
   const outcome = el("div", { id: "outcome" });
   const approveButton = el("button", { type: "button", id: "approve", class: "approve", disabled: true }, "Approve");
   const rejectButton = el("button", { type: "button", id: "reject", class: "reject" }, "Reject");
-  confirm.addEventListener("change", () => {
-    approveButton.disabled = !confirm.checked;
-  });
+  for (const box of [confirm, confirmWarnings]) {
+    box.addEventListener("change", () => {
+      approveButton.disabled = !ready();
+    });
+  }
   const decide = async (decision) => {
     approveButton.disabled = rejectButton.disabled = true;
     try {
@@ -510,7 +581,7 @@ function decisionBox(call, latest) {
         ),
       );
       rejectButton.disabled = false;
-      approveButton.disabled = changed || !confirm.checked;
+      approveButton.disabled = changed || !ready();
     }
   };
   approveButton.addEventListener("click", () => decide("approve"));
@@ -541,6 +612,9 @@ function decisionBox(call, latest) {
       ),
     ),
     el("label", { class: "check" }, confirm, " I have checked the arguments and the preview above"),
+    warned
+      ? el("label", { class: "check" }, confirmWarnings, " I have read the provider's warnings and still approve")
+      : null,
     el("div", { class: "buttons" }, approveButton, rejectButton),
     outcome,
   );
