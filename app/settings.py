@@ -62,6 +62,9 @@ class Settings:
     """Days delivered webhooks are kept; 0 keeps them."""
     cors_origins: tuple[str, ...] = ()
     """Browser origins (``scheme://host[:port]``) whose pages may call the API; none by default."""
+    public_url: str | None = None
+    """Where people reach this toolgate (``https://toolgate.example.com``, a path prefix
+    allowed): links to the console in webhooks are built from it; unset, they are null."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The environment the settings came from; catalog ``${ENV}`` references resolve here."""
 
@@ -129,6 +132,7 @@ class Settings:
             audit_archive_dir=_path(get("AUDIT_ARCHIVE_DIR")),
             webhook_retention_days=retention["WEBHOOK_RETENTION_DAYS"],
             cors_origins=_origins(get("CORS_ORIGINS")),
+            public_url=_public_url(get("PUBLIC_URL")),
             env=dict(env),
         )
 
@@ -233,6 +237,18 @@ def _origins(value: str | None) -> tuple[str, ...]:
                 " https://console.example.com (exact origins only; '*' is not allowed)"
             )
     return origins
+
+
+def _public_url(value: str | None) -> str | None:
+    """An ``http(s)://`` URL with a host and no query or fragment, kept without its final
+    ``/``: console links are this plus ``/console/…``."""
+    url = _url("TOOLGATE_PUBLIC_URL", value, ("https", "http"), host=True)
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise ConfigError("TOOLGATE_PUBLIC_URL must have no user, query or fragment")
+    return url.rstrip("/")
 
 
 def _url(

@@ -134,6 +134,22 @@ def test_cors_origins_must_be_exact_origins() -> None:
             Settings.from_env({"TOOLGATE_CORS_ORIGINS": refused})
 
 
+def test_the_public_url_is_an_http_url_the_console_links_extend() -> None:
+    public = Settings.from_env({"TOOLGATE_PUBLIC_URL": "https://gate.example.com/tg/"})
+    assert public.public_url == "https://gate.example.com/tg"
+    assert Settings.from_env({}).public_url is None
+    for refused in (
+        "gate.example.com",
+        "ftp://gate.example.com",
+        "https://gate.example.com/?a=1",
+        "https://gate.example.com/#x",
+        "https://user@gate.example.com",
+        "https:///nohost",
+    ):
+        with pytest.raises(ConfigError, match="TOOLGATE_PUBLIC_URL"):
+            Settings.from_env({"TOOLGATE_PUBLIC_URL": refused})
+
+
 def preflight(origin: str) -> dict[str, str]:
     return {
         "origin": origin,

@@ -163,6 +163,35 @@ async def test_every_event_reaches_the_endpoint_signed(
     assert sorted(r["id"] for r in rows) == sorted(endpoint.ids)
 
 
+async def test_approval_requested_links_to_the_console_and_names_no_argument_value(
+    notifying: tuple[Receiver, dict[str, str]], auth: Any
+) -> None:
+    """Enough to tell an approver in a chat message which call waits and where to decide
+    it: its tool, actor, target and impact, and the console's page, built from
+    TOOLGATE_PUBLIC_URL; never the arguments (a refund's note may be sensitive)."""
+    endpoint, env = notifying
+    public = {**env, "TOOLGATE_PUBLIC_URL": "https://toolgate.example.com/gate/"}
+    async with running_app(public) as client:
+        flow = Flow(client, auth)
+        proposal = await flow.propose("issue_refund", refund_args(150.0, note="secret note"))
+        await flow.dry_run(proposal["call_id"])
+        await until(lambda: len(endpoint.accepted) == 1)
+    [requested] = endpoint.accepted
+    call_id = proposal["call_id"]
+    assert requested["type"] == "approval.requested"
+    assert requested["data"] == {
+        "call_id": call_id,
+        "tool": "issue_refund",
+        "tenant": "acme",
+        "actor": "alice",
+        "run_id": None,
+        "status": "awaiting_approval",
+        "target": {"type": "order", "id": "ord_1"},
+        "impact": "high",
+        "console_url": f"https://toolgate.example.com/gate/console/calls/{call_id}",
+    }
+
+
 async def test_an_endpoint_that_is_down_for_a_while_gets_the_event_once_it_is_back(
     notifying: tuple[Receiver, dict[str, str]],
     auth: Any,

@@ -43,6 +43,7 @@ from app.calls.recording import (
 from app.calls.results import classify, result_body
 from app.calls.states import FINAL, OUTCOMES, SETTLED, CallState, Outcome
 from app.canonical import digest
+from app.catalog.models import Catalog
 from app.consent import store as approvals
 from app.db import Connection, Writer
 from app.errors import (
@@ -93,14 +94,7 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
             else:
                 await store.insert_with_audit(conn, row, event)
                 if awaiting is not None:
-                    await webhooks.announce(
-                        conn,
-                        request.catalog,
-                        webhooks.APPROVAL_REQUESTED,
-                        webhooks.call_data(
-                            row.id, row.tool, row.tenant, row.actor, row.run_id, row.state
-                        ),
-                    )
+                    await _announce_awaiting(conn, state, request.catalog, row)
         if refusal is not None:
             raise refusal
     telemetry.decided(authorized, call_id)
@@ -395,19 +389,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
             pending_until=row.expires_at if next_step == "approval" else None,
         )
         if moved and next_step == "approval" and existing.state != "awaiting_approval":
-            await webhooks.announce(
-                conn,
-                request.catalog,
-                webhooks.APPROVAL_REQUESTED,
-                webhooks.call_data(
-                    existing.id,
-                    existing.tool,
-                    existing.tenant,
-                    existing.actor,
-                    existing.run_id,
-                    "awaiting_approval",
-                ),
-            )
+            await _announce_awaiting(conn, state, request.catalog, existing)
         await append(
             conn,
             audit_event(
@@ -430,3 +412,20 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
         "expires_at": row.expires_at.isoformat(),
         "next": next_step,
     }
+
+
+async def _announce_awaiting(
+    conn: Connection, state: AppState, catalog: Catalog, call: CallRow
+) -> None:
+    """``approval.requested``: enough for a chat message (the call, tool, actor, target,
+    impact and a link to the console's page for it), never an argument's value."""
+    data = webhooks.call_data(
+        call.id, call.tool, call.tenant, call.actor, call.run_id, "awaiting_approval"
+    )
+    link = webhooks.console_url(state.settings.public_url, call.id)
+    await webhooks.announce(
+        conn,
+        catalog,
+        webhooks.APPROVAL_REQUESTED,
+        data | {"target": call.target, "impact": call.impact, "console_url": link},
+    )

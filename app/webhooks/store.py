@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from app.catalog.models import Catalog
 from app.db import Connection
@@ -53,6 +54,12 @@ def call_data(
         "run_id": run_id,
         "status": status,
     }
+
+
+def console_url(public_url: str | None, call_id: str) -> str | None:
+    """The console's page for a call, where people reach this toolgate; ``None`` when that
+    is not configured (``TOOLGATE_PUBLIC_URL``)."""
+    return f"{public_url}/console/calls/{quote(call_id, safe='')}" if public_url else None
 
 
 async def claim(
