@@ -389,6 +389,19 @@ async def db(database_url: str, clean: None) -> AsyncIterator[asyncpg.Connection
     await conn.close()
 
 
+async def quiet(db: asyncpg.Connection, seconds: float = 60.0) -> None:
+    """Wait until the in-process audit sealer has sealed every audit row: a test that
+    measures one request's memory must not count the sealer hashing rows beside it (which it
+    does later, and longer, on a busy machine)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while await db.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM audit_events e WHERE NOT EXISTS"
+        " (SELECT 1 FROM audit_seals s WHERE s.seq = e.seq AND s.at = e.at))"
+    ):
+        assert asyncio.get_running_loop().time() < deadline, "audit rows left unsealed"
+        await asyncio.sleep(0.05)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

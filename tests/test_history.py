@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from app.calls import store
+from tests.conftest import quiet
 from tests.flows import Flow, new_key, refund_args
 
 
@@ -90,7 +91,7 @@ async def test_a_call_of_a_tool_the_catalog_no_longer_holds_shows_no_argument_un
 
 
 async def test_reading_a_history_holds_none_of_what_its_refused_requests_sent(
-    flow: Flow,
+    flow: Flow, db: asyncpg.Connection
 ) -> None:
     """A refused request that names a call is audited under it with the arguments it sent
     (up to a body's size each): the history shows none of them, and reading it must not
@@ -101,6 +102,7 @@ async def test_reading_a_history_holds_none_of_what_its_refused_requests_sent(
     for _ in range(2):
         refused = await flow.post("/execute", {"call_id": proposal["call_id"], "arguments": bulk})
         assert refused.json()["code"] == "invalid_arguments"
+    await quiet(db)
     tracemalloc.start()
     try:
         response = await flow.client.get(f"/calls/{proposal['call_id']}", headers=flow.auth())
@@ -227,6 +229,7 @@ async def test_reading_a_history_holds_none_of_its_executions_answers(
             f"op_{n:02d}",
             large,
         )
+    await quiet(db)
     tracemalloc.start()
     try:
         response = await flow.client.get(f"/calls/{call_id}", headers=flow.auth())
