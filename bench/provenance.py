@@ -4,7 +4,7 @@ nothing, and with runs that each remember about 10,000 values.
 One command, everything on 127.0.0.1, everything it starts it stops, and the throwaway
 database it creates it drops::
 
-    python bench/provenance.py [--duration 10] [--rounds 3] [--concurrency 8]
+    python bench/provenance.py [--duration 10] [--rounds 3] [--concurrency 8] [--endorsement]
 
 Steps: create a database ``bench_<random>``; ``toolgate migrate`` it; start the demo
 providers and ``toolgate serve --workers 1`` with the demo catalog plus
@@ -18,8 +18,20 @@ over several runs, each well below that); then, round by round, each scenario fo
   transactions (10,000 distinct strings, about 30,000 windows), and the recipient is not
   among them: every window of the argument is looked up.
 
+With ``--endorsement`` it measures what endorsement costs instead: two reads of the saved
+payees that differ only in five ``x-endorsed`` string arguments (``pay_plain`` and
+``pay_endorsed``, added to the catalog), each proposed and executed in runs that have read
+5,000 transactions (10,000 values remembered) and the saved payees (a trusted result),
+while the tenant holds 10,000 known values of the arguments' kind. Of the five values one
+is in the run's task, one in the trusted result and three are known values, so every source
+is looked up and every argument is endorsed (the calls are allowed, as the plain ones are):
+
+* ``propose plain`` / ``propose endorsed``;
+* ``execute plain`` / ``execute endorsed`` (a read: no key, the provider is called).
+
 Prints req/s, p50, p99 and the server's CPU milliseconds per request for each scenario
-(medians over the rounds; the scenario order alternates between rounds). Figures only.
+(medians over the rounds; the scenario order alternates between rounds), and with
+``--endorsement`` the endorsed/plain ratios. Figures only.
 """
 
 from __future__ import annotations
@@ -33,9 +45,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from itertools import count
 from pathlib import Path
 
+import asyncpg
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,7 +73,32 @@ from run import (
     token,
 )
 
+from app.runs.endorsement import digest
+
 TRANSFER = {"account_id": "acc_1", "recipient": "NL91 ABNA 0417 1643 00", "amount": 1.0}
+TASK = "Pay the rent to Landlord GmbH."
+KNOWN_VALUES = 10_000
+ENDORSED_ARGS = {  # one from the task, one from the trusted payees, three known values
+    "a": "Landlord GmbH",
+    "b": "NL91 ABNA 0417 1643 00",
+    "c": "known-payee-00017",
+    "d": "known-payee-04242",
+    "e": "known-payee-09999",
+}
+PAY_TOOL = """
+  {name}:
+    description: Read the saved payees, naming five parties (a cost benchmark).
+    mutation: false
+    provider: bank
+    execute: {{method: GET, path: "/accounts/{{account_id}}/payees"}}
+    access: {{roles: [support], owner: tenant}}
+    parameters:
+      type: object
+      additionalProperties: false
+      required: [account_id, a, b, c, d, e]
+      properties:
+        account_id: {{type: string, x-resource: account}}
+{properties}"""
 CALLS_PER_RUN = 190
 """Proposals sent under one run before the next one is used (the server caps a run at 200)."""
 
@@ -69,27 +108,30 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--endorsement", action="store_true", help="measure what endorsement costs instead"
+    )
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     return parser.parse_args()
 
 
-async def new_run(client: httpx.AsyncClient, values: bool) -> str:
-    response = await client.post("/runs", json={"task": "Pay the rent."})
+async def new_run(client: httpx.AsyncClient, values: bool, trusted: bool = False) -> str:
+    response = await client.post("/runs", json={"task": TASK})
     run_id = str(response.json()["run_id"])
-    if values:
-        read = await client.post(
-            "/execute",
-            json={
-                "tool": "list_transactions",
-                "arguments": {"account_id": "acc_1", "extra": 5000},
-                "run_id": run_id,
-            },
-            timeout=60,
-        )
+    reads = [("list_transactions", {"account_id": "acc_1", "extra": 5000})] if values else []
+    if trusted:
+        reads.append(("list_payees", {"account_id": "acc_1"}))
+    for tool, arguments in reads:
+        body = {"tool": tool, "arguments": arguments, "run_id": run_id}
+        read = await client.post("/execute", json=body, timeout=60)
         if read.status_code != 200:
-            raise BenchError(f"the read of 5,000 transactions failed: {read.text[:300]}")
+            raise BenchError(f"the read {tool} failed: {read.text[:300]}")
     return run_id
+
+
+def proposing_a_transfer(response: httpx.Response) -> bool:
+    return response.status_code == 200 and not response.json()["taint"]
 
 
 async def measure(
@@ -98,27 +140,34 @@ async def measure(
     duration: float,
     concurrency: int,
     server_pid: int,
+    request: tuple[str, dict[str, object]] = (
+        "/propose",
+        {"tool": "send_money", "arguments": TRANSFER},
+    ),
+    fine: Callable[[httpx.Response], bool] = proposing_a_transfer,
 ) -> tuple[float, float, float, float]:
-    """(req/s, p50 ms, p99 ms, server CPU ms per request) of proposals without a run
-    (``runs`` is ``None``) or spread over ``runs``, each taking at most ``CALLS_PER_RUN``
-    (the window ends early when they are used up)."""
+    """(req/s, p50 ms, p99 ms, server CPU ms per request) of ``request`` (a path and body)
+    without a run (``runs`` is ``None``) or spread over ``runs``, each taking at most
+    ``CALLS_PER_RUN`` (the window ends early when they are used up); an answer that is not
+    ``fine`` stops the bench."""
+    path, template = request
     latencies: list[float] = []
     deadline = time.perf_counter() + duration
     numbers = count()
 
     async def worker() -> None:
         while time.perf_counter() < deadline:
-            body: dict[str, object] = {"tool": "send_money", "arguments": TRANSFER}
+            body = dict(template)
             if runs is not None:
                 n = next(numbers) // CALLS_PER_RUN
                 if n >= len(runs):
                     return
                 body["run_id"] = runs[n]
             started = time.perf_counter()
-            response = await client.post("/propose", json=body)
+            response = await client.post(path, json=body)
             latencies.append((time.perf_counter() - started) * 1000)
-            if response.status_code != 200 or response.json()["taint"]:
-                raise BenchError(f"proposal answered {response.status_code}: {response.text[:300]}")
+            if not fine(response):
+                raise BenchError(f"{path} answered {response.status_code}: {response.text[:300]}")
 
     began, cpu = time.perf_counter(), tree_cpu_s(server_pid)
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -172,6 +221,97 @@ async def scenarios(
     ]
 
 
+def endorsed_catalog(directory: Path) -> None:
+    """``pay_plain`` and ``pay_endorsed``: the same read, the second with its five string
+    arguments ``x-endorsed`` (of one kind)."""
+    plain = "".join(f"        {name}: {{type: string}}\n" for name in ENDORSED_ARGS)
+    endorsed = "".join(
+        f"        {name}: {{type: string, x-endorsed: true, x-endorsed-kind: payee}}\n"
+        for name in ENDORSED_ARGS
+    )
+    tools = PAY_TOOL.format(name="pay_plain", properties=plain) + PAY_TOOL.format(
+        name="pay_endorsed", properties=endorsed
+    )
+    with (directory / "bank.yaml").open("a") as bank:
+        bank.write(tools)
+
+
+async def remember_known_values(database_url: str) -> None:
+    """``KNOWN_VALUES`` known payees of acme, as an admin's PUTs would store them."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = [
+            ("acme", "payee", digest("payee", value), value, "bench")
+            for value in (f"known-payee-{n:05d}" for n in range(KNOWN_VALUES))
+        ]
+        await conn.copy_records_to_table(
+            "known_values", records=rows, columns=["tenant", "kind", "digest", "value", "added_by"]
+        )
+    finally:
+        await conn.close()
+
+
+def pay_is_endorsed(response: httpx.Response) -> bool:
+    """Allowed, and for the endorsed tool every argument endorsed by its intended source."""
+    if response.status_code != 200:
+        return False
+    sources = {e["argument"]: e["source"] for e in response.json().get("endorsement") or []}
+    return sources in (
+        {},
+        {"a": "task", "b": "trusted_result", "c": "known", "d": "known", "e": "known"},
+    )
+
+
+async def endorsement_scenarios(
+    url: str, bearer: str, ns: argparse.Namespace, server_pid: int
+) -> list[list[str]]:
+    headers = {"Authorization": f"Bearer {bearer}"}
+    limits = httpx.Limits(max_connections=ns.concurrency)
+    arguments = {"account_id": "acc_1", **ENDORSED_ARGS}
+    requests: dict[str, tuple[str, dict[str, object]]] = {
+        f"{path.strip('/')} {kind}": (path, {"tool": f"pay_{kind}", "arguments": arguments})
+        for path in ("/propose", "/execute")
+        for kind in ("plain", "endorsed")
+    }
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30) as c:
+        needed = 2 + int(ns.duration * 400 / CALLS_PER_RUN)
+        results: dict[str, list[tuple[float, float, float, float]]] = {}
+        for round_no in range(ns.rounds):
+            print(f"round {round_no + 1}: preparing {needed} runs per scenario", flush=True)
+            order = list(requests) if round_no % 2 == 0 else list(reversed(requests))
+            for name in order:
+                runs = [await new_run(c, True, trusted=True) for _ in range(needed)]
+                request = requests[name]
+                await measure(
+                    c, runs[-1:], 2.0, ns.concurrency, server_pid, request, pay_is_endorsed
+                )
+                figures = await measure(
+                    c, runs[:-1], ns.duration, ns.concurrency, server_pid, request, pay_is_endorsed
+                )
+                results.setdefault(name, []).append(figures)
+                print(f"  {name}: {figures[0]:.0f} req/s, p50 {figures[1]:.2f} ms", flush=True)
+    medians = {
+        name: [statistics.median(r[i] for r in rows) for i in range(4)]
+        for name, rows in results.items()
+    }
+    table_rows = [
+        [name, f"{m[0]:.0f}", f"{m[1]:.2f}", f"{m[2]:.2f}", f"{m[3]:.2f}"]
+        for name, m in medians.items()
+    ]
+    for path in ("propose", "execute"):
+        plain, endorsed = medians[f"{path} plain"], medians[f"{path} endorsed"]
+        table_rows.append(
+            [
+                f"{path} endorsed/plain",
+                f"{endorsed[0] / plain[0]:.2f}x",
+                f"{endorsed[1] / plain[1]:.2f}x",
+                f"{endorsed[2] / plain[2]:.2f}x",
+                f"{endorsed[3] / plain[3]:.2f}x",
+            ]
+        )
+    return table_rows
+
+
 def main() -> int:
     ns = _args()
     nonce = secrets.token_hex(4)
@@ -183,6 +323,8 @@ def main() -> int:
     catalog.mkdir()
     shutil.copy(ROOT / "catalog" / "demo.yaml", catalog)
     shutil.copy(ROOT / "examples" / "bank.yaml", catalog)
+    if ns.endorsement:
+        endorsed_catalog(catalog)
     provider_port, port = free_port(), free_port()
     env = {
         **os.environ,
@@ -206,7 +348,12 @@ def main() -> int:
                 server = procs.start("toolgate", [*serve, "--workers", "1"], env)
                 wait_ready(server, f"http://{HOST}:{port}/readyz", timeout_s=60)
                 url = f"http://{HOST}:{port}"
-                rows = asyncio.run(scenarios(url, token(secret), ns, server.pid))
+                if ns.endorsement:
+                    asyncio.run(remember_known_values(env["TOOLGATE_DATABASE_URL"]))
+                    measured = endorsement_scenarios(url, token(secret), ns, server.pid)
+                else:
+                    measured = scenarios(url, token(secret), ns, server.pid)
+                rows = asyncio.run(measured)
         except KeyboardInterrupt:
             print("\ninterrupted; cleaning up", file=sys.stderr)
         except BenchError as exc:
