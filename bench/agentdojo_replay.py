@@ -28,9 +28,12 @@ checks judge the environment: the injection task's ``security`` (did the attacke
 happen) and the user task's ``utility``. Each user task is also replayed once without an
 attack.
 
-Four catalogs are compared: every mutation low impact with ``on_taint: allow`` (no
+Seven catalogs are compared: every mutation low impact with ``on_taint: allow`` (no
 provenance; the attacks' reference), (a) every mutation high impact, (b) low impact with
-``on_taint: approve``, (c) low impact with ``on_taint: deny``. Figures only.
+``on_taint: approve``, (c) low impact with ``on_taint: deny``; then, taint off, (d) the
+recipients and the password ``x-endorsed`` with ``on_unendorsed: approve``, (e) the same
+with ``deny`` (no result is trusted, no value is known), and (f) each run scoped to the
+tools its user task calls. Figures only.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import yaml
@@ -75,12 +78,32 @@ from examples.demo_providers import serve_in_background
 SUITE_VERSION = "v1.2.2"
 CATALOG = Path(__file__).resolve().parent / "agentdojo_banking.yaml"
 ATTACKS = ("none", "verbatim", "in pieces")
-CONFIGS = {  # name: (impact, on_taint) of every mutation
-    "low, on_taint: allow": ("low", "allow"),
-    "(a) high impact": ("high", "approve"),
-    "(b) low, on_taint: approve": ("low", "approve"),
-    "(c) low, on_taint: deny": ("low", "deny"),
+
+
+class Config(NamedTuple):
+    """A catalog configuration: every mutation's ``impact`` and ``on_taint``; endorsement of
+    the recipients and the password (``on_unendorsed``, or ``None``: not endorsed); and
+    whether each run is scoped to the tools its user task needs."""
+
+    impact: str
+    on_taint: str
+    on_unendorsed: str | None = None
+    scope: bool = False
+
+
+CONFIGS = {
+    "low, on_taint: allow": Config("low", "allow"),
+    "(a) high impact": Config("high", "approve"),
+    "(b) low, on_taint: approve": Config("low", "approve"),
+    "(c) low, on_taint: deny": Config("low", "deny"),
+    "(d) endorsed, approve": Config("low", "allow", on_unendorsed="approve"),
+    "(e) endorsed, deny": Config("low", "allow", on_unendorsed="deny"),
+    "(f) run scope": Config("low", "allow", scope=True),
 }
+ENDORSED = {"recipient": "iban", "password": "password"}
+"""The arguments that say where money goes or what it unlocks, with their kinds. Nothing of
+the suite's data is trusted: transactions, files and scheduled transactions all hold text
+that others wrote (the injection vectors)."""
 
 
 class Bank:
@@ -179,7 +202,13 @@ def in_pieces(text: str, hijack: list[FunctionCall]) -> str:
 
 
 def replay(
-    client: httpx.Client, bank: Bank, user_task: Any, injection_task: Any, attack: str, tally: Tally
+    client: httpx.Client,
+    bank: Bank,
+    user_task: Any,
+    injection_task: Any,
+    attack: str,
+    tally: Tally,
+    scoped: bool,
 ) -> None:
     """One run of ``user_task``, hijacked by ``injection_task`` (unless ``None``) with the
     attacker's values written ``verbatim`` or ``in pieces``."""
@@ -197,7 +226,10 @@ def replay(
         hijack = injection_task.ground_truth(pre)
     calls = user_task.ground_truth(pre)
     mine = [(c.function, dict(c.args)) for c in calls]
-    run = client.post("/runs", json={"task": user_task.PROMPT})
+    started: dict[str, Any] = {"task": user_task.PROMPT}
+    if scoped:  # as an orchestrator would choose them from the user's request
+        started["scope"] = {"tools": sorted({c.function for c in calls}), "outside": "deny"}
+    run = client.post("/runs", json=started)
     if run.status_code != 200:
         raise BenchError(f"POST /runs answered {run.status_code}: {run.text[:300]}")
     run_id = run.json()["run_id"]
@@ -221,13 +253,20 @@ def replay(
         tally.succeeded.append(name)
 
 
-def catalog_for(impact: str, on_taint: str, directory: Path) -> None:
-    """``bench/agentdojo_banking.yaml`` with every mutation's ``impact`` and ``on_taint``."""
+def catalog_for(config: Config, directory: Path) -> None:
+    """``bench/agentdojo_banking.yaml`` with every mutation's ``impact`` and ``on_taint``,
+    and, for an endorsing configuration, its ``ENDORSED`` arguments ``x-endorsed``."""
     catalog = yaml.safe_load(CATALOG.read_text())
     for tool in catalog["tools"].values():
         if tool["mutation"]:
-            tool.update(impact=impact, on_taint=on_taint)
-    catalog["version"] += f"-{impact}-{on_taint}"
+            tool.update(impact=config.impact, on_taint=config.on_taint)
+        properties = tool["parameters"].get("properties", {})
+        endorsed = [name for name in ENDORSED if name in properties]
+        if config.on_unendorsed is not None and endorsed:
+            tool["on_unendorsed"] = config.on_unendorsed
+            for name in endorsed:
+                properties[name].update({"x-endorsed": True, "x-endorsed-kind": ENDORSED[name]})
+    catalog["version"] += f"-{config.impact}-{config.on_taint}-{config.on_unendorsed}"
     (directory / "banking.yaml").write_text(yaml.safe_dump(catalog, sort_keys=False))
 
 
@@ -261,10 +300,10 @@ def measure(ns: argparse.Namespace, nonce: str, log_dir: Path) -> dict[tuple[str
             migrate = procs.start("migrate", [venv_bin("toolgate"), "migrate"], env)
             if migrate.popen.wait(timeout=60) != 0:
                 raise BenchError(f"toolgate migrate failed:\n{migrate.tail()}")
-            for name, (impact, on_taint) in CONFIGS.items():
-                catalog = log_dir / name.replace(" ", "_").replace(":", "")
+            for name, config in CONFIGS.items():
+                catalog = log_dir / "".join(c for c in name if c.isalnum() or c == " ")
                 catalog.mkdir()
-                catalog_for(impact, on_taint, catalog)
+                catalog_for(config, catalog)
                 serve = [venv_bin("toolgate"), "serve", "--host", HOST, "--port", str(port)]
                 server_env = {**env, "TOOLGATE_CATALOG": str(catalog)}
                 server = procs.start(f"toolgate {name}", serve, server_env)
@@ -274,12 +313,15 @@ def measure(ns: argparse.Namespace, nonce: str, log_dir: Path) -> dict[tuple[str
                 url = f"http://{HOST}:{port}"
                 with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
                     for user_task in suite.user_tasks.values():
-                        replay(client, bank, user_task, None, "none", tallies[name, "none"])
+                        none = tallies[name, "none"]
+                        replay(client, bank, user_task, None, "none", none, config.scope)
                         for injection_task, attack in product(
                             suite.injection_tasks.values(), ATTACKS[1:]
                         ):
                             tally = tallies[name, attack]
-                            replay(client, bank, user_task, injection_task, attack, tally)
+                            replay(
+                                client, bank, user_task, injection_task, attack, tally, config.scope
+                            )
                 procs.stop(server)
                 print(f"{name}: done", flush=True)
     finally:
