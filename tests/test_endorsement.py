@@ -488,3 +488,23 @@ async def test_the_mcp_front_door_applies_endorsement_and_scope_to_calls_in_a_ru
     )
     assert paid["isError"] is False, paid
     assert (await providers.stats())["effects_by_path"] == {TRANSFERS: 1}  # the endorsed one
+
+
+@pytest.mark.parametrize("table", ["known_values", "run_memory"])
+async def test_sources_that_cannot_be_read_refuse_the_call_never_endorse_it(
+    bank: Flow, providers: Providers, database_url: str, db: asyncpg.Connection, table: str
+) -> None:
+    """Fail closed: the known values, or the trusted results the run was given, cannot be
+    read (their table is locked), and the proposal is a 503, not an endorsement."""
+    await bank.client.put("/known-values/payee/City Power", headers=bank.auth(**ADMIN))
+    run_id = await start_run(bank, "Pay the electricity bill.")
+    locker = await asyncpg.connect(database_url)
+    try:
+        async with locker.transaction():
+            await locker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            response = await propose(bank, transfer("City Power"), run_id)
+    finally:
+        await locker.close()
+    assert (response.status_code, response.json()["code"]) == (503, "unavailable")
+    assert await db.fetchval("SELECT count(*) FROM calls WHERE tool = 'send_money'") == 0
+    assert await reached(providers) == []
