@@ -25,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import parse_qs, urlsplit
 
+from app.progress import Report
 from app.settings import MAX_TTL_S, ConfigError, Settings
 
 # CLI flags that override the matching TOOLGATE_* variable, for every subcommand.
@@ -193,6 +194,11 @@ def _parser() -> argparse.ArgumentParser:
         help="where retention archived removed months (TOOLGATE_AUDIT_ARCHIVE_DIR): recompute "
         "their files and check that they lead to where the database's chain starts",
     )
+    verify.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON object (an error too, with exit status 2)",
+    )
     keygen = audit_commands.add_parser(
         "keygen",
         help="write a new Ed25519 key for TOOLGATE_AUDIT_SIGNING_KEY; print its public key",
@@ -228,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             with _store(settings, migrated=True) as settings:
                 return _serve(settings, args.host, args.port, args.workers)
         if args.command == "migrate":
-            with _store(settings, migrated=False) as settings:
-                applied = asyncio.run(_migrate(settings))
+            with _store(settings, migrated=False) as settings, _progress() as progress:
+                applied = asyncio.run(_migrate(settings, progress))
             print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
             return 0
         if args.command == "demo":
@@ -239,10 +245,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "audit" and args.audit_command == "keygen":
             return _audit_keygen(args.out)
         if args.command == "audit":
-            with _store(settings, migrated=True) as settings:
-                return asyncio.run(
-                    _audit_verify(settings, args.checkpoints, args.public_key, args.archive)
-                )
+            try:
+                with _store(settings, migrated=True) as settings, _progress() as progress:
+                    return asyncio.run(
+                        _audit_verify(
+                            settings,
+                            args.checkpoints,
+                            args.public_key,
+                            args.archive,
+                            progress,
+                            as_json=args.json,
+                        )
+                    )
+            except ConfigError as exc:
+                if args.json:
+                    print(json.dumps({"ok": False, "error": str(exc)}))
+                raise
         from app.auth.tokens import mint, split_roles
 
         roles = split_roles(args.roles)
@@ -277,7 +295,8 @@ def _store(settings: Settings, *, migrated: bool) -> Iterator[Settings]:
             log.warning("embedded PostgreSQL in %s was left running; reusing it", store.pgdata)
         log.info("store: embedded PostgreSQL in %s", store.pgdata)
         if migrated:
-            asyncio.run(_migrate(dataclasses.replace(settings, database_url=url)))
+            with _progress() as progress:
+                asyncio.run(_migrate(dataclasses.replace(settings, database_url=url), progress))
         os.environ["TOOLGATE_DATABASE_URL"] = url
         yield dataclasses.replace(settings, database_url=url)
     finally:
@@ -286,12 +305,12 @@ def _store(settings: Settings, *, migrated: bool) -> Iterator[Settings]:
         store.stop()
 
 
-async def _migrate(settings: Settings) -> list[str]:
+async def _migrate(settings: Settings, progress: Report) -> list[str]:
     from app.db import migrate
     from app.errors import Unavailable
 
     try:
-        return await migrate(settings.check_database())
+        return await migrate(settings.check_database(), progress)
     except Unavailable as exc:
         raise ConfigError(exc.detail) from None
 
@@ -309,7 +328,13 @@ def _audit_keygen(out: Path) -> int:
 
 
 async def _audit_verify(
-    settings: Settings, exported: Path | None, public: Path | None, archive: Path | None
+    settings: Settings,
+    exported: Path | None,
+    public: Path | None,
+    archive: Path | None,
+    progress: Report,
+    *,
+    as_json: bool,
 ) -> int:
     """Exit 0 when the chain is intact, 1 when it is broken or stalled (the report says
     where), 2 when it cannot be checked."""
@@ -331,11 +356,26 @@ async def _audit_verify(
             raise ConfigError("the database schema is not migrated; run `toolgate migrate`")
         days = settings.audit_retention_days
         horizon = timedelta(days=days) if days else None
-        report = await seal_and_verify(url, key, public_key, published, archive, horizon)
+        report = await seal_and_verify(url, key, public_key, published, archive, horizon, progress)
     except Unavailable as exc:
         raise ConfigError(exc.detail) from None
-    print(report.summary())
+    if as_json:
+        print(json.dumps(report.as_json()))
+    else:
+        print(report.summary())
     return 0 if report.ok else 1
+
+
+@contextmanager
+def _progress() -> Iterator[Report]:
+    """Progress on standard error while it is a terminal; its line cleared at the end."""
+    from app.progress import Progress
+
+    progress = Progress()
+    try:
+        yield progress
+    finally:
+        progress.close()
 
 
 def _check_claims(sub: str, tenant: str, roles: list[str]) -> None:

@@ -24,6 +24,7 @@ import asyncpg
 import orjson
 
 from app.errors import Unavailable
+from app.progress import Report, quiet
 from app.settings import ConfigError
 
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
@@ -482,8 +483,9 @@ async def try_xact_lock(conn: Connection, key: Lock) -> bool:
     return bool(await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", key))
 
 
-async def migrate(url: str) -> list[str]:
-    """Apply pending migrations in order, each in its own transaction; return their names.
+async def migrate(url: str, report: Report = quiet) -> list[str]:
+    """Apply pending migrations in order, each in its own transaction; return their names
+    (``report`` is told how many of those pending are applied).
 
     An advisory lock keeps two instances from migrating at once.
     """
@@ -494,9 +496,9 @@ async def migrate(url: str) -> list[str]:
         await conn.execute("SELECT pg_advisory_lock($1)", Lock.MIGRATE)
         await conn.execute(_SCHEMA_TABLE)
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-        for version, path in files:
-            if version in done:
-                continue
+        pending = [(version, path) for version, path in files if version not in done]
+        for version, path in pending:
+            report("applying migrations", len(applied), len(pending))
             async with conn.transaction():
                 await conn.execute(path.read_text(encoding="utf-8"))
                 await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", version)

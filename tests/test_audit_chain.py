@@ -4,8 +4,10 @@ sequence order, verification naming the first broken row, and ``toolgate audit v
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -455,3 +457,62 @@ async def test_the_cli_seals_verifies_and_exits_non_zero_naming_the_broken_row(
         shutil.rmtree(base, ignore_errors=True)
     assert embedded.returncode == 0, embedded.stderr  # no URL: the embedded store, empty
     assert "checked 0 sealed rows" in embedded.stdout
+
+
+async def test_verify_answers_json_for_scripts_and_no_progress_when_piped(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    await insert(db, 4)
+    intact = await asyncio.to_thread(
+        cli, "audit", "verify", "--json", TOOLGATE_DATABASE_URL=database_url
+    )
+    assert intact.returncode == 0, intact.stderr
+    told = json.loads(intact.stdout)
+    assert (told["ok"], told["checked"], told["first_broken"]) == (True, 4, None)
+    assert "\r" not in intact.stderr
+    assert "verifying" not in intact.stderr
+    await tamper(db, "UPDATE audit_events SET tenant = 'globex' WHERE seq = 2")
+    broken = await asyncio.to_thread(
+        cli, "audit", "verify", "--json", TOOLGATE_DATABASE_URL=database_url
+    )
+    assert broken.returncode == 1, broken.stderr
+    told = json.loads(broken.stdout)
+    assert (told["ok"], told["first_broken"]["seq"]) == (False, 2)
+    nowhere = await asyncio.to_thread(
+        cli, "audit", "verify", "--json", TOOLGATE_DATABASE_URL="postgresql://nobody@127.0.0.1:1/x"
+    )
+    assert nowhere.returncode == 2, nowhere.stderr
+    assert json.loads(nowhere.stdout)["ok"] is False
+    assert json.loads(nowhere.stdout)["error"]
+
+
+async def test_verify_shows_its_progress_on_a_terminal(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    """Run with standard error on a terminal (a pseudo-terminal here), verify draws rows
+    done, of how many and the rate; standard output keeps only the report."""
+    await insert(db, 4)
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLGATE_", "DEMO_"))}
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "app.cli", "audit", "verify"],
+            cwd=ROOT,
+            env={**env, "TOOLGATE_DATABASE_URL": database_url, "TERM": "xterm"},
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            timeout=60,
+        )
+        os.close(follower)
+        drawn = b""
+        with contextlib.suppress(OSError):  # the terminal's end, once the child has exited
+            while chunk := os.read(leader, 65536):
+                drawn += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 0
+    assert "intact" in done.stdout
+    assert "\r" not in done.stdout
+    assert "verifying the chain: 4 of 4 (100%)" in drawn.decode()

@@ -50,6 +50,7 @@ from app.audit.checkpoints import SigningKey
 from app.audit.models import Anchor, Archived, Broken
 from app.db import Connection, Database, DatabaseError, Lock, LockNotAvailable, try_xact_lock
 from app.durable import sync_directory
+from app.progress import Report, quiet
 
 AHEAD = 2
 LOCK_TIMEOUT = "2s"
@@ -235,14 +236,22 @@ class Checked:
     broken: Broken | None = None
 
 
-def check(directory: Path, archives: list[Archived], anchor: Anchor, wanted: set[int]) -> Checked:
+def check(
+    directory: Path,
+    archives: list[Archived],
+    anchor: Anchor,
+    wanted: set[int],
+    report: Report = quiet,
+) -> Checked:
     """Recompute every archived file's chain: each file as recorded (SHA-256, row count,
     first and last hash), each one following the one before, and the last one ending where
     the database's chain starts (the anchor). ``wanted``: positions whose hashes to return
-    (published checkpoints)."""
+    (published checkpoints). ``report`` is told the rows checked after each file."""
     checked = Checked()
     previous: Archived | None = None
+    total = sum(a.rows for a in archives)
     for archived in archives:
+        report("checking the archive", checked.rows, total)
         problem = _follows(previous, archived)
         if problem is None:
             problem = _check_file(directory, archived, wanted, checked)

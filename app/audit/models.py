@@ -252,6 +252,15 @@ class VerifyReport:
             "anchor_signed": self.anchor_signed,
         }
 
+    def as_json(self) -> dict[str, Any]:
+        """Everything ``summary`` tells, for scripts (``toolgate audit verify --json``)."""
+        return self.as_dict() | {
+            "exported": self.exported,
+            "removed_before": self.removed_before.isoformat() if self.removed_before else None,
+            "archived": self.archived,
+            "archive_files": self.archive_files,
+        }
+
     def summary(self) -> str:
         """The report for an operator's terminal."""
         lines = [

@@ -58,6 +58,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -186,12 +187,20 @@ async def _hash_and_seal(
     return plan
 
 
-async def seal_all(db: Database, grace_s: float = GRACE_S, *, key: SigningKey | None = None) -> int:
-    """Seal everything sealable now, waiting for another sealer if needed; rows sealed."""
+async def seal_all(
+    db: Database,
+    grace_s: float = GRACE_S,
+    *,
+    key: SigningKey | None = None,
+    report: Callable[[int], None] = lambda sealed: None,
+) -> int:
+    """Seal everything sealable now, waiting for another sealer if needed; rows sealed
+    (``report`` is told the count after each pass)."""
     sealed = 0
     while True:
         result = await seal_pending(db, grace_s, key=key)
         sealed += result.sealed
+        report(sealed)
         if result.busy:
             await asyncio.sleep(BUSY_RETRY_S)
         elif not result.more:

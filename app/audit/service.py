@@ -25,6 +25,7 @@ from app.audit.models import Anchor, AuditFilter, Unchained, VerifyReport
 from app.auth.principal import Principal
 from app.db import Connection, Database, Lock
 from app.errors import Forbidden, InvalidRequest
+from app.progress import Report, quiet
 from app.settings import Settings
 from app.state import AppState
 
@@ -175,6 +176,7 @@ async def verify(
     turns: Turns | None = None,
     archive_dir: Path | None = None,
     horizon: timedelta | None = None,
+    report: Report = quiet,
 ) -> VerifyReport:
     """Recompute the chain in sealing order, up to the head of one short snapshot, and name
     the first thing that does not hold: a broken row, a chain cut short, a head not signed
@@ -186,7 +188,8 @@ async def verify(
     files of removed months are recomputed too (``archive.check``), up to the anchor, and
     published checkpoints of archived positions are compared with them instead of being
     passed over. With the audit retention (``horizon``), a checkpoint of a removed position
-    that is newer than the retention allows is a break (``checkpoints.removed_early``)."""
+    that is newer than the retention allows is a break (``checkpoints.removed_early``).
+    ``report`` is told how far the walks have come (the command line's progress)."""
     turns = turns or Turns(resting=False)
     async with db.sharing(Lock.CHAIN) as conn:
         async with turns.step(), store.snapshot(conn):
@@ -202,8 +205,8 @@ async def verify(
                 conn, through, anchor.chain_pos, end, inside=False
             )
             archives = await store.archives(conn) if archive_dir is not None else []
-        walk, surplus, counted = await _walk(conn, turns, anchor, end, through)
-        unchained = await _unchained(conn, turns, through) if walk.broken is None else None
+        walk, surplus, counted = await _walk(conn, turns, anchor, end, through, report)
+        unchained = await _unchained(conn, turns, through, report) if walk.broken is None else None
         # Sealed and skipped seqs add up when no seal lies outside the chain, no position
         # holds two, and every seq up to ``sealed_through`` is sealed, skipped, or removed
         # by retention.
@@ -218,7 +221,7 @@ async def verify(
             hashes[anchor.chain_pos] = anchor.hash
     archived = archive.Checked()
     if archive_dir is not None:
-        archived = archive.check(archive_dir, archives, anchor, set(positions))
+        archived = archive.check(archive_dir, archives, anchor, set(positions), report)
         hashes.update(archived.hashes)
     broken = (
         walk.broken
@@ -251,7 +254,7 @@ async def verify(
 
 
 async def _walk(
-    conn: Connection, turns: Turns, anchor: Anchor, end: int, through: int
+    conn: Connection, turns: Turns, anchor: Anchor, end: int, through: int, report: Report
 ) -> tuple[chain.Walk, int, int]:
     """The chain walked from ``anchor`` up to position ``end`` (the first break ends it);
     the seals in the positions it covered beyond one per position (a second seal at a
@@ -277,10 +280,11 @@ async def _walk(
                 walk = chain.check(walk, rows[start : start + VERIFY_SLICE], end)
             if walk.broken is not None:
                 break
+        report("verifying the chain", walk.chain_pos - anchor.chain_pos, end - anchor.chain_pos)
     return walk, surplus, counted
 
 
-async def _unchained(conn: Connection, turns: Turns, through: int) -> Unchained:
+async def _unchained(conn: Connection, turns: Turns, through: int, report: Report) -> Unchained:
     """Every row up to seq ``through`` read a page per statement, in seq order: how many of
     them the chain does not hold though it passed their seq, and the first one. Rows up to
     ``through`` never change except by such an insert, so, like ``_walk``, this needs no
@@ -294,6 +298,7 @@ async def _unchained(conn: Connection, turns: Turns, through: int) -> Unchained:
         if page.last is None:
             return Unchained(after, count, first)
         after = page.last
+        report("checking every row is chained (by seq)", after[0], through)
 
 
 async def seal_and_verify(
@@ -303,14 +308,19 @@ async def seal_and_verify(
     exported: Sequence[Exported],
     archive_dir: Path | None = None,
     horizon: timedelta | None = None,
+    report: Report = quiet,
 ) -> VerifyReport:
     """For ``toolgate audit verify``: seal what can be sealed now (with ``key``), then
     verify against ``public``, the published checkpoints, the archive files and the audit
-    retention (``horizon``)."""
+    retention (``horizon``). ``report`` is told how far each step has come."""
     db = Database(url)
     await db.open(min_size=1, max_size=2)
     try:
-        await sealer.seal_all(db, key=key)
-        return await verify(db, public, exported, archive_dir=archive_dir, horizon=horizon)
+        async with db.connection() as conn:
+            unsealed = await store.unsealed_count(conn)
+        await sealer.seal_all(db, key=key, report=lambda done: report("sealing", done, unsealed))
+        return await verify(
+            db, public, exported, archive_dir=archive_dir, horizon=horizon, report=report
+        )
     finally:
         await db.close()
