@@ -1,5 +1,5 @@
-"""The ``toolgate`` command: serve, migrate, check, test, catalog-schema, token, audit verify
-and keygen, demo.
+"""The ``toolgate`` command: serve, migrate, check, test, catalog import-openapi,
+catalog-schema, token, audit verify and keygen, demo.
 
 Without ``TOOLGATE_DATABASE_URL``, the commands that need a database (serve, migrate, audit
 verify, demo) run on the embedded store in ``TOOLGATE_DATA_DIR`` (``app.embedded``): started
@@ -132,6 +132,25 @@ def _parser() -> argparse.ArgumentParser:
     tests.add_argument(
         "--junit", type=Path, metavar="FILE", help="also write the results as JUnit XML"
     )
+    catalog = commands.add_parser("catalog", help="work on catalog files")
+    catalog_commands = catalog.add_subparsers(dest="catalog_command", required=True)
+    imported = catalog_commands.add_parser(
+        "import-openapi",
+        help="draft catalog entries from an OpenAPI 3.x document",
+        description="Draft a catalog file from the operations of an OpenAPI 3.x document "
+        "(JSON or YAML, a local file): one tool per operation, with its parameters, mutation "
+        "from the method and DELETE high impact; what to review is left as comments. "
+        "Operations toolgate cannot call are listed on stderr with the reason. Exit 0 when "
+        "at least one operation was translated.",
+    )
+    imported.add_argument("spec", type=Path, metavar="SPEC", help="the OpenAPI document")
+    imported.add_argument("--provider", required=True, help="the provider's name in the catalog")
+    imported.add_argument(
+        "--base-url", help="the provider's base URL (default: the document's first server)"
+    )
+    imported.add_argument(
+        "--out", type=Path, metavar="FILE", help="write here (never over a file) instead of stdout"
+    )
     commands.add_parser(
         "catalog-schema",
         help="print the JSON Schema of catalog files",
@@ -222,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _stop)
     if args.command == "test":
         return _test(args.paths, args.junit)
+    if args.command == "catalog":
+        return _import_openapi(args.spec, args.provider, args.base_url, args.out)
     if args.command == "catalog-schema":
         from app.catalog.spec import json_schema
 
@@ -480,6 +501,36 @@ def _test(paths: list[Path], junit: Path | None) -> int:
     if junit is not None:
         junit.write_bytes(offline.junit(outcomes, problems))
     return 1 if failed or problems else 0
+
+
+def _import_openapi(spec: Path, provider: str, base_url: str | None, out: Path | None) -> int:
+    import yaml
+
+    from app.catalog.openapi_import import Unsupported, translate
+
+    try:
+        document = yaml.safe_load(spec.read_text(encoding="utf-8"))
+        imported = translate(document, provider, base_url)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        print(f"toolgate: {spec}: cannot be read: {exc}", file=sys.stderr)
+        return 1
+    except Unsupported as exc:
+        print(f"toolgate: {spec}: {exc}", file=sys.stderr)
+        return 1
+    for reason in imported.skipped:
+        print(f"skipped {reason}", file=sys.stderr)
+    if out is None:
+        print(imported.text, end="")
+    else:
+        try:
+            with out.open("x", encoding="utf-8") as written:
+                written.write(imported.text)
+        except OSError as exc:
+            print(f"toolgate: --out {out}: {exc.strerror}", file=sys.stderr)
+            return 1
+    told = f"{len(imported.tools)} tools drafted, {len(imported.skipped)} operations skipped"
+    print(told + "; review the comments, then run toolgate check", file=sys.stderr)
+    return 0
 
 
 def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
