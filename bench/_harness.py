@@ -368,6 +368,10 @@ local body = %(body)s
 local base_headers = %(headers)s
 local fresh_keys = %(fresh_keys)s
 local prefix = "%(prefix)s"
+local runs = %(runs)s
+local per_run = %(per_run)d
+local wrk_threads = %(threads)d
+local varies = fresh_keys or string.find(body or "", "__N__", 1, true) ~= nil or #runs > 0
 local threads = {}
 
 function setup(thread)
@@ -379,20 +383,29 @@ function init(args)
   counter = 0
   non2xx = 0
   sample = ""
-  if not fresh_keys then
+  if not varies then
     fixed = wrk.format(method, path, base_headers, body)
   end
 end
 
 function request()
-  if not fresh_keys then
+  if not varies then
     return fixed
   end
   counter = counter + 1
   local headers = {}
   for k, v in pairs(base_headers) do headers[k] = v end
-  headers["Idempotency-Key"] = string.format("%%s-%%d-%%010d", prefix, thread_no, counter)
-  return wrk.format(method, path, headers, body)
+  if fresh_keys then
+    headers["Idempotency-Key"] = string.format("%%s-%%d-%%010d", prefix, thread_no, counter)
+  end
+  -- __N__: a number no other request of the run has (a JSON-RPC id); __RUN__: the run this
+  -- request is counted in, each thread taking its own runs, per_run requests each.
+  local sent = string.gsub(body, "__N__", string.format("%%d%%010d", thread_no, counter))
+  if #runs > 0 then
+    local turn = math.floor((counter - 1) / per_run) * wrk_threads + thread_no - 1
+    sent = string.gsub(sent, "__RUN__", runs[turn %% #runs + 1])
+  end
+  return wrk.format(method, path, headers, sent)
 end
 
 function response(status, headers, rbody)
@@ -436,7 +449,12 @@ def lua_script(
     body: bytes | None = None,
     fresh_idempotency_keys: bool = False,
     key_prefix: str = "bench",
+    runs: Sequence[str] = (),
+    per_run: int = 190,
+    threads: int = 1,
 ) -> str:
+    """A wrk script sending ``body`` (each request: ``__N__`` in it made unique and, with
+    ``runs``, ``__RUN__`` replaced by the run it is counted in)."""
     lua_headers = (
         "{" + ", ".join(f"[{_lua_string(k)}] = {_lua_string(v)}" for k, v in headers.items()) + "}"
     )
@@ -447,6 +465,9 @@ def lua_script(
         "headers": lua_headers,
         "fresh_keys": "true" if fresh_idempotency_keys else "false",
         "prefix": key_prefix,
+        "runs": "{" + ", ".join(_lua_string(run) for run in runs) + "}",
+        "per_run": per_run,
+        "threads": threads,
     }
 
 

@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,66 @@ WORKLOADS = {
         },
     },
 }
+MCP_VERSION = "2026-07-28"
+"""The MCP revision the bench speaks (per-request capabilities, no handshake)."""
+
+
+@dataclass(frozen=True)
+class Door:
+    """The same work through another of toolgate's front doors (toolgate only: the
+    forwarder has none), compared with ``base`` over REST on the same instance."""
+
+    path: str
+    body: dict[str, Any]
+    base: str
+    headers: dict[str, str]
+    in_runs: bool = False
+
+
+def _mcp_call(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": "__N__",  # each request a new JSON-RPC request (a mutation runs once per id)
+        "method": "tools/call",
+        "params": {
+            "name": tool,
+            "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": MCP_VERSION,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    }
+
+
+def _mcp_headers(tool: str) -> dict[str, str]:
+    return {
+        "MCP-Protocol-Version": MCP_VERSION,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": tool,
+        "Accept": "application/json, text/event-stream",
+    }
+
+
+DOORS = {
+    "run read": Door(
+        "/execute", {**WORKLOADS["read"], "run_id": "__RUN__"}, "read", {}, in_runs=True
+    ),
+    "mcp read": Door(
+        "/mcp",
+        _mcp_call("get_order", WORKLOADS["read"]["arguments"]),  # type: ignore[arg-type]
+        "read",
+        _mcp_headers("get_order"),
+    ),
+    "mcp mutation": Door(
+        "/mcp",
+        _mcp_call("create_ticket", WORKLOADS["mutation"]["arguments"]),  # type: ignore[arg-type]
+        "mutation",
+        _mcp_headers("create_ticket"),
+    ),
+}
+RUNS_PER_SCRIPT = 200
+"""Runs made for each wrk script of ``run read`` (190 calls each: a run admits 200)."""
 CORES = os.cpu_count() or 1
 
 
@@ -92,9 +153,11 @@ class Row:
     host_busy_pct: float
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """The servers to use, the workloads to run and the ledger to record in, as ``run.py``
-    and ``instructions.py`` take them."""
+def add_common_arguments(
+    parser: argparse.ArgumentParser, known: Collection[str] = tuple(WORKLOADS)
+) -> None:
+    """The servers to use, the workloads to run (of ``known``) and the ledger to record in,
+    as ``run.py`` and ``instructions.py`` take them."""
     parser.add_argument(
         "--ledger",
         default=str(LEDGER),
@@ -106,15 +169,15 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument(
         "--workloads",
-        type=_workloads,
+        type=lambda text: _workloads(text, known),
         default="read,mutation",
-        help="comma-separated subset of read,mutation",
+        help=f"comma-separated subset of {','.join(known)}",
     )
 
 
-def _workloads(text: str) -> list[str]:
+def _workloads(text: str, known: Collection[str]) -> list[str]:
     workloads = [w for w in text.split(",") if w]
-    unknown = set(workloads) - set(WORKLOADS)
+    unknown = set(workloads) - set(known)
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown workloads: {sorted(unknown)}")
     return workloads
@@ -126,7 +189,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of warm-up per run")
     parser.add_argument("--concurrency", type=int, default=16, help="wrk connections")
     parser.add_argument("--threads", type=int, default=1, help="wrk threads (2 cores here)")
-    add_common_arguments(parser)
+    add_common_arguments(parser, (*WORKLOADS, *DOORS))
     parser.add_argument(
         "--rounds", type=int, default=1, help="repeat the runs; the table shows medians"
     )
@@ -228,17 +291,42 @@ def migrate_and_start_providers(procs: Processes, env: dict[str, str], port: int
     return start_providers(procs, env, port)
 
 
-def smoke(url: str, bearer: str, workload: str, label: str) -> None:
+def smoke(base_url: str, bearer: str, workload: str, label: str) -> None:
     """One request by hand, so a broken target fails loudly before wrk hides it in counts."""
-    headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
+    path, headers, body = request_of(workload, bearer)
     if workload == "mutation":
         headers["Idempotency-Key"] = "smoke-" + secrets.token_hex(12)
-    status, body = http("POST", url, orjson.dumps(WORKLOADS[workload]), headers, timeout_s=10)
+    body = body.replace(b"__N__", secrets.token_hex(6).encode())
+    if workload in DOORS and DOORS[workload].in_runs:
+        body = body.replace(b"__RUN__", make_runs(base_url, bearer, 1)[0].encode())
+    status, answer = http("POST", base_url + path, body, headers, timeout_s=10)
     if status != 200:
-        raise BenchError(f"{label} {workload} smoke request answered {status}: {body[:500]!r}")
-    answer = orjson.loads(body)
-    if answer.get("status") != "succeeded":
-        raise BenchError(f"{label} {workload} smoke request did not succeed: {answer}")
+        raise BenchError(f"{label} {workload} smoke request answered {status}: {answer[:500]!r}")
+    told = orjson.loads(answer)
+    told = told["result"]["structuredContent"] if path == "/mcp" else told
+    if told.get("status") != "succeeded":
+        raise BenchError(f"{label} {workload} smoke request did not succeed: {told}")
+
+
+def request_of(workload: str, bearer: str) -> tuple[str, dict[str, str], bytes]:
+    """The path, headers and body of ``workload``'s requests."""
+    headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
+    if workload in WORKLOADS:
+        return "/execute", headers, orjson.dumps(WORKLOADS[workload])
+    door = DOORS[workload]
+    return door.path, headers | door.headers, orjson.dumps(door.body)
+
+
+def make_runs(base_url: str, bearer: str, count: int) -> list[str]:
+    """``count`` new runs of the bench's user, for calls counted in runs."""
+    headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
+    made = []
+    for _ in range(count):
+        status, body = http("POST", base_url + "/runs", b'{"task": "bench"}', headers)
+        if status != 200:
+            raise BenchError(f"POST /runs answered {status}: {body[:300]!r}")
+        made.append(str(orjson.loads(body)["run_id"]))
+    return made
 
 
 def main() -> int:
@@ -270,7 +358,8 @@ def main() -> int:
                     health = "/healthz" if target == "forwarder" else "/readyz"
                     wait_ready(servers[target], urls[target] + health, timeout_s=60)
                     for workload in workloads:
-                        smoke(urls[target] + "/execute", bearer, workload, target)
+                        if target == "toolgate" or workload not in DOORS:
+                            smoke(urls[target], bearer, workload, target)
                 print(
                     f"toolgate pid {servers['toolgate'].pid}, forwarder pid "
                     f"{servers['forwarder'].pid}, providers pid {providers.pid}; db {db_name}; "
@@ -356,7 +445,8 @@ def schedule(
     for round_no in range(1, rounds + 1):
         order = targets if round_no % 2 else targets[::-1]
         for workload in workloads:
-            runs.extend((round_no, target, [workload]) for target in order)
+            here = ["toolgate"] if workload in DOORS else order  # the forwarder has no door
+            runs.extend((round_no, target, [workload]) for target in here)
     return runs
 
 
@@ -373,16 +463,22 @@ def measure(
     providers_url: str,
     round_no: int,
 ) -> Row:
+    path, headers, body = request_of(workload, bearer)
+
     def script() -> str:
-        """A wrk script; each call gets its own key prefix, so no run replays another's keys."""
+        """A wrk script; each call gets its own key prefix (and runs), so no run replays
+        another's keys or fills another's runs."""
+        in_runs = workload in DOORS and DOORS[workload].in_runs
         return lua_script(
             "POST",
-            "/execute",
-            {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"},
-            orjson.dumps(WORKLOADS[workload]),
+            path,
+            headers,
+            body,
             fresh_idempotency_keys=workload == "mutation",
-            key_prefix=f"bench-{re.sub(r'[^A-Za-z0-9]+', '_', target)}-{workload}-"
-            f"{secrets.token_hex(6)}",
+            key_prefix=f"bench-{re.sub(r'[^A-Za-z0-9]+', '_', target)}-"
+            f"{re.sub(r'[^A-Za-z0-9]+', '_', workload)}-{secrets.token_hex(6)}",
+            runs=make_runs(base_url, bearer, RUNS_PER_SCRIPT) if in_runs else (),
+            threads=ns.threads,
         )
 
     common = {"concurrency": ns.concurrency, "threads": ns.threads}
@@ -392,7 +488,7 @@ def measure(
     if ns.warmup > 0:
         run_wrk(
             procs,
-            base_url + "/execute",
+            base_url + path,
             script(),
             duration_s=ns.warmup,
             label=f"{target}-{workload}-warmup",
@@ -403,7 +499,7 @@ def measure(
     pg0, (busy0, all0) = comm_cpu_s("postgres"), host_cpu_s()
     result = run_wrk(
         procs,
-        base_url + "/execute",
+        base_url + path,
         script(),
         duration_s=ns.duration,
         label=f"{target}-{workload}-{round_no}",
@@ -432,14 +528,14 @@ def measure(
     if result.sample:
         print(f"    first non-2xx: {result.sample}", flush=True)
     if ns.profile and round_no == 1:
-        profile(ns, procs, base_url, script(), server_pid, target, workload, common)
+        profile(ns, procs, base_url + path, script(), server_pid, target, workload, common)
     return row
 
 
 def profile(
     ns: argparse.Namespace,
     procs: Processes,
-    base_url: str,
+    url: str,
     script: str,
     pid: int,
     target: str,
@@ -472,7 +568,7 @@ def profile(
     )
     run_wrk(
         procs,
-        base_url + "/execute",
+        url,
         script,
         duration_s=seconds,
         label=f"{target}-{workload}-profile",
@@ -571,7 +667,7 @@ def summarize(rows: list[Row]) -> list[Summary]:
     """Medians over rounds (req/s, latencies, CPU); sums of errors; the highest RSS."""
     out = []
     targets = list(dict.fromkeys(r.target for r in rows))
-    for workload in WORKLOADS:
+    for workload in (*WORKLOADS, *DOORS):
         for target in targets:
             mine = [r for r in rows if (r.target, r.workload) == (target, workload)]
             if not mine:
@@ -597,13 +693,15 @@ def summarize(rows: list[Row]) -> list[Summary]:
 
 
 def paired(rows: list[Row], target: str, workload: str) -> list[tuple[float, float]]:
-    """Per round: (req/s ratio, p99 ratio) of ``target`` to the forwarder in that round."""
+    """Per round: (req/s ratio, p99 ratio) of ``target`` to the forwarder in that round;
+    for a front door other than REST, of toolgate's door to toolgate's REST ``base``."""
     by = {(r.round_no, r.target, r.workload): r for r in rows}
+    against = ("toolgate", DOORS[workload].base) if workload in DOORS else ("forwarder", workload)
     pairs = []
     for r in rows:
-        fw = by.get((r.round_no, "forwarder", workload))
-        if (r.target, r.workload) == (target, workload) and fw and fw.result.rps:
-            pairs.append((r.result.rps / fw.result.rps, r.result.p99_ms / fw.result.p99_ms))
+        other = by.get((r.round_no, *against))
+        if (r.target, r.workload) == (target, workload) and other and other.result.rps:
+            pairs.append((r.result.rps / other.result.rps, r.result.p99_ms / other.result.p99_ms))
     return pairs
 
 
@@ -689,10 +787,13 @@ def report(rows: list[Row]) -> None:
         )
     if ratio_rows:
         print()
-        print("ratios to the forwarder measured in the same round; the median of the rounds")
+        print(
+            "ratios measured in the same round, the median of the rounds: REST to the "
+            "forwarder; the other front doors to toolgate's REST of the same work"
+        )
         print(
             table(
-                ["target", "workload", "req/s vs forwarder", "p99 vs forwarder", "each round"],
+                ["target", "workload", "req/s ratio", "p99 ratio", "each round"],
                 ratio_rows,
             )
         )

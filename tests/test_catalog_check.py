@@ -909,3 +909,20 @@ def test_an_approval_summary_names_parameters_the_inbox_may_show(
     with pytest.raises(CatalogError) as refused:
         load(write(tmp_path, text), {})
     assert message in str(refused.value)
+
+
+def test_an_x_keyword_toolgate_does_not_know_is_refused_so_no_listed_schema_carries_one(
+    tmp_path: Path,
+) -> None:
+    """MCP's ``x-mcp-header`` asks clients to mirror an argument into a header the SDK then
+    checks; toolgate lists schemas without any ``x-`` keyword and tells the SDK there is
+    nothing to check (``app.mcp.server.no_header_to_check``), which holds because a
+    catalog cannot declare one."""
+    text = edit(
+        BASE,
+        "amount: {type: number",
+        "amount: {x-mcp-header: Amount, type: number",
+    )
+    with pytest.raises(CatalogError) as refused:
+        load(write(tmp_path, text), {})
+    assert "x-mcp-header" in str(refused.value)

@@ -126,10 +126,21 @@ async def call_tool(state: AppState, ask: Ask) -> Outcome:
         with load.deciding:
             if ask.request_state is not None:
                 return await _resume(state, ask)
+            tool = state.catalog.tools.get(ask.tool)
+            if tool is not None and not tool.mutation and tool.approval is None:
+                return await _read(state, ask)
             key = request_key(ask.session, ask.request_id, ask.tool, ask.arguments)
             return await _replayed(state, ask, key) or await _first(state, ask, key)
     except ToolgateError as error:
         return Refused(error)
+
+
+async def _read(state: AppState, ask: Ask) -> Outcome:
+    """A read that can never need an approval runs as REST's ``/execute`` runs one: one
+    decision, then the provider. Reading again is no harm, so a resend simply reads again."""
+    body = _body(ExecuteBody, tool=ask.tool, arguments=ask.arguments, run_id=ask.run_id)
+    answer = await service.execute(state, ask.principal, body, IdempotencyKey(None, False))
+    return Done(answer.body)
 
 
 async def _replayed(state: AppState, ask: Ask, key: str) -> Outcome | None:
