@@ -369,7 +369,6 @@ local base_headers = %(headers)s
 local fresh_keys = %(fresh_keys)s
 local prefix = "%(prefix)s"
 local runs = %(runs)s
-local per_run = %(per_run)d
 local wrk_threads = %(threads)d
 local varies = fresh_keys or string.find(body or "", "__N__", 1, true) ~= nil or #runs > 0
 local threads = {}
@@ -399,10 +398,11 @@ function request()
     headers["Idempotency-Key"] = string.format("%%s-%%d-%%010d", prefix, thread_no, counter)
   end
   -- __N__: a number no other request of the run has (a JSON-RPC id); __RUN__: the run this
-  -- request is counted in, each thread taking its own runs, per_run requests each.
+  -- request is counted in, round-robin over the runs, so that requests sent at once are in
+  -- different runs, as concurrent agents' calls are.
   local sent = string.gsub(body, "__N__", string.format("%%d%%010d", thread_no, counter))
   if #runs > 0 then
-    local turn = math.floor((counter - 1) / per_run) * wrk_threads + thread_no - 1
+    local turn = (counter - 1) * wrk_threads + thread_no - 1
     sent = string.gsub(sent, "__RUN__", runs[turn %% #runs + 1])
   end
   return wrk.format(method, path, headers, sent)
@@ -450,7 +450,6 @@ def lua_script(
     fresh_idempotency_keys: bool = False,
     key_prefix: str = "bench",
     runs: Sequence[str] = (),
-    per_run: int = 190,
     threads: int = 1,
 ) -> str:
     """A wrk script sending ``body`` (each request: ``__N__`` in it made unique and, with
@@ -466,7 +465,6 @@ def lua_script(
         "fresh_keys": "true" if fresh_idempotency_keys else "false",
         "prefix": key_prefix,
         "runs": "{" + ", ".join(_lua_string(run) for run in runs) + "}",
-        "per_run": per_run,
         "threads": threads,
     }
 
