@@ -598,6 +598,77 @@ def test_a_shape_error_in_one_tool_does_not_hide_problems_elsewhere(tmp_path: Pa
     )
 
 
+# A misspelt key, at each kind of place a catalog has keys: the edit, where, what was meant.
+MISSPELT: dict[str, tuple[str, str, tuple[str | int, ...], str]] = {
+    "tool_key": (
+        "require_dry_run: true",
+        "requires_dry_run: true",
+        ("tools", "issue_refund", "requires_dry_run"),
+        "require_dry_run",
+    ),
+    "result_key": (
+        "result: {fields: [id, status]}",
+        "result: {feilds: [id, status]}",
+        ("tools", "get_order", "result", "feilds"),
+        "fields",
+    ),
+    "approval_key": (
+        '"role:support_lead"]}',
+        '"role:support_lead"], ttl: 60}',
+        ("tools", "update_email", "approval", "ttl"),
+        "ttl_s",
+    ),
+    "endpoint_key": (
+        "dry_run: {method: POST, path: /refunds/preview}",
+        "dry_run: {method: POST, paht: /refunds/preview}",
+        ("tools", "issue_refund", "dry_run", "paht"),
+        "path",
+    ),
+    "provider_key": (
+        "timeout_s: 2}",
+        "timeout: 2}",
+        ("providers", "billing", "timeout"),
+        "timeout_s",
+    ),
+    "top_level_key": (
+        'version: "t1"\n',
+        'version: "t1"\nresource: {}\n',
+        ("resource",),
+        "resources",
+    ),
+    "notify_entry_key": (
+        'version: "t1"\n',
+        'version: "t1"\nnotify: [{url: "http://127.0.0.1:9", events: [run.ended], secret: S}]\n',
+        ("notify", 0, "secret"),
+        "secret_env",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MISSPELT))
+def test_a_misspelt_key_is_answered_with_the_key_meant_and_its_place(
+    name: str, tmp_path: Path
+) -> None:
+    old, new, where, meant = MISSPELT[name]
+    text = edit(BASE, old, new)
+    path = write(tmp_path, text)
+    problems = problems_of(path)
+    problem = at(problems, where)
+    assert problem.message == f"unknown key: did you mean {meant}?", str(problem)
+    assert (problem.file, problem.line) == (str(path), line_of(text, new.strip().split("\n")[-1]))
+    assert str(problem) == (
+        f"{path}:{problem.line}: {'.'.join(map(str, where))}: unknown key: did you mean {meant}?"
+    )
+
+
+def test_a_key_like_no_allowed_one_is_answered_with_the_keys_allowed_there(
+    tmp_path: Path,
+) -> None:
+    text = edit(BASE, "result: {fields: [id, status]}", "result: {colour: blue}")
+    problem = at(problems_of(write(tmp_path, text)), ("tools", "get_order", "result", "colour"))
+    assert problem.message == "unknown key: allowed here are fields, redact, trusted"
+
+
 # --- directories and policy_version ----------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import binascii
+import difflib
 import re
 from base64 import b64decode
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from urllib.parse import SplitResult, urlsplit
 import cel
 import jsonschema_rs
 import pydantic
+import pydantic_core
 
 from app.canonical import digest
 from app.catalog.models import (
@@ -42,6 +44,7 @@ from app.catalog.spec import (
     ProviderSpec,
     ResourceSpec,
     ToolSpec,
+    keys_at,
 )
 from app.runs.provenance import declared_names
 
@@ -113,7 +116,7 @@ def _shape(source: Source) -> CatalogSpec:
         spec = CatalogSpec.model_validate(top)
     except pydantic.ValidationError as exc:
         for error in exc.errors():
-            source.problem(tuple(error["loc"]), error["msg"])
+            source.problem(tuple(error["loc"]), _message(CatalogSpec, error))
         spec = CatalogSpec.model_construct(version="-")
     sections: dict[str, dict[str, Any]] = {}
     for section, model in _SECTION_MODELS.items():
@@ -123,8 +126,24 @@ def _shape(source: Source) -> CatalogSpec:
                 sections[section][name] = model.model_validate(entry)
             except pydantic.ValidationError as exc:
                 for error in exc.errors():
-                    source.problem((section, name, *error["loc"]), error["msg"])
+                    source.problem((section, name, *error["loc"]), _message(model, error))
     return spec.model_copy(update=sections)
+
+
+def _message(model: type[pydantic.BaseModel], error: pydantic_core.ErrorDetails) -> str:
+    """Pydantic's message, but a key the model does not allow is named with the nearest one
+    it does at that place: a newcomer's misspelt key is the common case, and "Extra inputs
+    are not permitted" says neither that the key is unknown nor what was meant."""
+    if error["type"] != "extra_forbidden" or not error["loc"]:
+        return error["msg"]
+    *parent, key = error["loc"]
+    allowed = keys_at(model, tuple(parent))
+    nearest = difflib.get_close_matches(str(key), allowed, n=1)
+    if nearest:
+        return f"unknown key: did you mean {nearest[0]}?"
+    if allowed:
+        return f"unknown key: allowed here are {', '.join(allowed)}"
+    return "unknown key"
 
 
 def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catalog | None:

@@ -8,9 +8,11 @@ docstring is its description there, which editors show while a catalog is writte
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
 
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 TOOL_NAME = "^[A-Za-z0-9_-]{1,64}$"
@@ -185,3 +187,36 @@ def json_schema() -> dict[str, Any]:
         **schema,
         **({"required": required} if required else {}),
     }
+
+
+def keys_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The keys ``model`` allows in the mapping at ``loc`` (a pydantic error's location,
+    without the offending key), as a catalog writes them; none when ``loc`` leads into no
+    model (``parameters``, ``headers``). A bad key is then answered with the nearest good one
+    (``toolgate check``'s "did you mean"), from the one definition the schema is made of."""
+    annotation: Any = model
+    for part in (*loc, None):
+        origin = get_origin(annotation)
+        if origin in (Union, types.UnionType):
+            members = [a for a in get_args(annotation) if a is not type(None)]
+            annotation = members[0] if len(members) == 1 else None
+            origin = get_origin(annotation)
+        if part is None:
+            break
+        if origin in (list, dict):
+            annotation = get_args(annotation)[-1]  # ``part`` is the index or the name
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = _field(annotation, part)
+            annotation = field.annotation if field else None
+        else:
+            return []
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [field.alias or name for name, field in annotation.model_fields.items()]
+    return []
+
+
+def _field(model: type[BaseModel], key: str | int) -> FieldInfo | None:
+    for name, field in model.model_fields.items():
+        if key in (name, field.alias):
+            return field
+    return None
