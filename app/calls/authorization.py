@@ -14,7 +14,7 @@ from app.auth.principal import Principal
 from app.calls import egress, policy, store
 from app.calls.models import Authorized, CallRow, Request
 from app.calls.policy import Facts, PreparedCall
-from app.calls.recording import write_denial
+from app.calls.recording import record_refusal
 from app.catalog.models import Owner
 from app.consent import store as approvals
 from app.errors import NotFound, ToolgateError, UnknownTool
@@ -51,18 +51,16 @@ async def authorize(
         policy.precheck(request.principal, call)
         facts = await facts_of(state, call, request)
         decision = policy.decide(request.principal, call, facts)
-    except ToolgateError as error:
-        if error.recorded:  # a policy denial: authorization raises no gate's refusal
-            async with state.db.transaction() as conn:
-                await write_denial(
-                    conn,
-                    request,
-                    call,
-                    call_id,
-                    error,
-                    new_call=existing is None,
-                    deny_call=own_arguments,
-                )
+    except ToolgateError as error:  # a policy denial: authorization raises no gate's refusal
+        await record_refusal(
+            state.db,
+            request,
+            call,
+            call_id,
+            error,
+            new_call=existing is None,
+            deny_call=own_arguments,
+        )
         raise
     return Authorized(request, call, decision)
 

@@ -392,20 +392,16 @@ class Execution:
             for gate in self.gates:
                 await CHECKS[gate](self)
         except ToolgateError as error:
-            call_id = self.call_id
-            if error.recorded:
-                async with self.state.db.transaction() as conn:
-                    await recording.write_denial(
-                        conn,
-                        request,
-                        call,
-                        call_id or new_id("call"),
-                        error,
-                        new_call=call_id is None,
-                        deny_call=False,
-                        event="expired" if error.code == "approval_expired" else "denied",
-                        taint=authorized.decision.taint,
-                    )
+            await recording.record_refusal(
+                self.state.db,
+                request,
+                call,
+                self.call_id or new_id("call"),
+                error,
+                new_call=self.call_id is None,
+                deny_call=False,
+                taint=authorized.decision.taint,
+            )
             raise
         approval, rechecked = self.approval, self.rechecked
         call_id = self.call_id or new_id("call")

@@ -19,7 +19,7 @@ from app.calls.policy import Decision, PreparedCall
 from app.calls.results import mask_arguments
 from app.calls.states import STARTED, CallState
 from app.catalog.models import Tool
-from app.db import Connection
+from app.db import Connection, Database
 from app.errors import ToolgateError
 from app.runs import service as runs
 from app.runs.provenance import Taint
@@ -132,6 +132,35 @@ def audit_event(
         total_ms=(time.perf_counter() - request.started) * 1000,
         **fields,
     )
+
+
+async def record_refusal(
+    db: Database,
+    request: Request,
+    call: PreparedCall | None,
+    call_id: str,
+    error: ToolgateError,
+    *,
+    new_call: bool,
+    deny_call: bool,
+    taint: tuple[Taint, ...] = (),
+) -> None:
+    """``error`` recorded as the call's denial (an expired approval as ``expired``), in a
+    transaction of its own, when its class is one that is (``ToolgateError.recorded``)."""
+    if not error.recorded:
+        return
+    async with db.transaction() as conn:
+        await write_denial(
+            conn,
+            request,
+            call,
+            call_id,
+            error,
+            new_call=new_call,
+            deny_call=deny_call,
+            event="expired" if error.code == "approval_expired" else "denied",
+            taint=taint,
+        )
 
 
 async def write_denial(

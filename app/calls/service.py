@@ -37,6 +37,7 @@ from app.calls.recording import (
     call_row,
     counts_as_call,
     endorsement_list,
+    record_refusal,
     record_run_outcome,
     write_denial,
 )
@@ -268,18 +269,9 @@ async def _use_read_approval(
             if not await approvals.consume(conn, approval.id, call_id):
                 raise ApprovalConsumed("the approval was used by another execution")
     except ToolgateError as error:
-        if error.recorded:
-            async with state.db.transaction() as conn:
-                await write_denial(
-                    conn,
-                    request,
-                    call,
-                    call_id,
-                    error,
-                    new_call=existing is None,
-                    deny_call=False,
-                    event="expired" if error.code == "approval_expired" else "denied",
-                )
+        await record_refusal(
+            state.db, request, call, call_id, error, new_call=existing is None, deny_call=False
+        )
         raise
 
 
