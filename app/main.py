@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import health, metrics, openapi, retention, telemetry
+from app import exposition, health, metrics, openapi, retention, telemetry
 from app.approvals import router as approvals
 from app.audit import router as audit
 from app.audit import sealer as audit_sealer
@@ -274,7 +274,7 @@ def create_app(settings: Settings, *, sealer: bool = True) -> FastAPI:
     app.include_router(catalog.router)
     app.include_router(audit.router)
     app.include_router(health.router)
-    app.include_router(metrics.router)
+    app.include_router(exposition.router)
     app.include_router(console.router)
     app.include_router(apidocs.router)
     app.state.mcp = mcp.Endpoint()

@@ -10,18 +10,14 @@ sees one worker at a time; set ``PROMETHEUS_MULTIPROC_DIR`` (an empty directory,
 
 from __future__ import annotations
 
-import asyncio
-import os
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from fastapi import APIRouter, Response
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.multiprocess import MultiProcessCollector
-
-from app.responses import problems
+from prometheus_client import (
+    Counter,
+    Histogram,
+)
 
 UNKNOWN_TOOL = "unknown"
 UNMATCHED_ROUTE = "unmatched"
@@ -98,31 +94,3 @@ def route_template(scope: Mapping[str, Any]) -> str:
 @lru_cache(maxsize=1024)
 def provider_seconds(provider: str, endpoint: str) -> Histogram:
     return PROVIDER_SECONDS.labels(provider, endpoint)
-
-
-router = APIRouter()
-
-
-@router.get(
-    "/metrics",
-    response_class=Response,
-    responses={
-        **problems(),
-        200: {
-            "description": "Prometheus text exposition",
-            "content": {"text/plain": {"schema": {"type": "string"}}},
-        },
-    },
-)
-async def metrics() -> Response:
-    """No authentication; exposition runs off the event loop."""
-    text = await asyncio.to_thread(generate_latest, _registry())
-    return Response(text, media_type=CONTENT_TYPE_PLAIN_0_0_4)
-
-
-def _registry() -> CollectorRegistry:
-    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        return REGISTRY
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    return registry

@@ -219,6 +219,23 @@ _SEALED_THROUGH = "coalesce((SELECT sealed_through FROM audit_chain), 0)"
 """The chain head's ``sealed_through``, read in a statement that names ``audit_events``
 first (the lock order above). Every row above it is unsealed: the chain moves past a seq
 only by sealing it or recording it as a gap."""
+
+
+async def sealer_lag(conn: Connection) -> tuple[int, float]:
+    """Rows above the chain head's ``sealed_through`` (waiting for the sealer) and the age in
+    seconds of the oldest of them (0 when there are none); rows late inside gaps, which are
+    rare, are left to ``unsealed_count``."""
+    row = await one_row(
+        conn,
+        f"""
+        SELECT count(*) AS rows,
+               coalesce(extract(epoch FROM clock_timestamp() - min(at)), 0) AS age
+        FROM audit_events WHERE seq > {_SEALED_THROUGH}
+        """,
+    )
+    return int(row["rows"]), float(row["age"])
+
+
 _LATE_IN_GAP = """LATERAL (
     SELECT * FROM audit_events e WHERE seq BETWEEN g.first_seq AND g.last_seq
         AND NOT EXISTS (SELECT 1 FROM audit_seals s WHERE s.seq = e.seq AND s.at = e.at)
