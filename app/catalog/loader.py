@@ -19,7 +19,6 @@ from urllib.parse import SplitResult, urlsplit
 import cel
 import jsonschema_rs
 import pydantic
-import pydantic_core
 
 from app.canonical import digest
 from app.catalog.models import (
@@ -130,12 +129,12 @@ def _shape(source: Source) -> CatalogSpec:
     return spec.model_copy(update=sections)
 
 
-def _message(model: type[pydantic.BaseModel], error: pydantic_core.ErrorDetails) -> str:
+def _message(model: type[pydantic.BaseModel], error: Mapping[str, Any]) -> str:
     """Pydantic's message, but a key the model does not allow is named with the nearest one
     it does at that place: a newcomer's misspelt key is the common case, and "Extra inputs
     are not permitted" says neither that the key is unknown nor what was meant."""
     if error["type"] != "extra_forbidden" or not error["loc"]:
-        return error["msg"]
+        return str(error["msg"])
     *parent, key = error["loc"]
     allowed = keys_at(model, tuple(parent))
     nearest = difflib.get_close_matches(str(key), allowed, n=1)
