@@ -295,7 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"toolgate: {exc}", file=sys.stderr)
         return 2
     except Stopped:
-        return 0
+        if args.command in ("serve", "demo"):
+            return 0  # asked to stop: their normal end
+        # Work cut short proves nothing: an interrupted verify must never read as intact.
+        print(f"toolgate: {args.command} interrupted", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": "interrupted"}))
+        return 2
 
 
 @contextmanager

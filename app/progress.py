@@ -45,14 +45,21 @@ class Progress:
         if now - self._drawn < EVERY_S and not finished:
             return
         self._drawn = now
-        self._stream.write("\r" + line(what, done, total, now - self._started) + "\x1b[K")
-        self._stream.flush()
+        self._draw("\r" + line(what, done, total, now - self._started) + "\x1b[K")
 
     def close(self) -> None:
         """Clear the line, so what the command prints next starts on a clean one."""
         if self.shown and self._what is not None:
-            self._stream.write("\r\x1b[K")
+            self._draw("\r\x1b[K")
+
+    def _draw(self, text: str) -> None:
+        """Progress is a courtesy: a terminal that went away turns it off, never fails the
+        command."""
+        try:
+            self._stream.write(text)
             self._stream.flush()
+        except (OSError, ValueError):
+            self.shown = False
 
 
 def line(what: str, done: int, total: int | None, elapsed: float) -> str:

@@ -9,6 +9,7 @@ own, quickly, without ever listening.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import socket
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import jwt
@@ -517,3 +519,31 @@ async def test_the_demo_accepts_what_token_mints_with_the_demo_secret(algorithms
     settings.check_keys()
     principal = await TokenVerifier(settings, Outbound()).verify(result.stdout.strip())
     assert (principal.sub, principal.tenant) == ("a", "t")
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_interrupted_audit_verify_never_reads_as_intact(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """Ctrl-C or SIGTERM during a verify ended it with status 0, which a script reads as
+    "the chain is intact"."""
+    from contextlib import contextmanager
+
+    from app import cli
+
+    @contextmanager
+    def no_store(settings: Any, *, migrated: bool) -> Any:
+        yield settings
+
+    async def stopped(*args: Any, **kwargs: Any) -> int:
+        raise cli.Stopped
+
+    monkeypatch.setattr(cli, "_store", no_store)
+    monkeypatch.setattr(cli, "_audit_verify", stopped)
+    monkeypatch.setenv("TOOLGATE_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/x")
+    status = cli.main(["audit", "verify", *(["--json"] if as_json else [])])
+    out, err = capsys.readouterr()
+    assert status == 2
+    assert "interrupted" in err
+    if as_json:
+        assert json.loads(out) == {"ok": False, "error": "interrupted"}

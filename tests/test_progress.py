@@ -67,3 +67,19 @@ def test_nothing_is_written_where_nobody_watches(
     progress("sealing", 5, 10)
     progress.close()
     assert stream.getvalue() == ""
+
+
+def test_a_terminal_that_went_away_turns_progress_off_and_fails_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TERM", raising=False)
+
+    class Gone(Terminal):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError
+
+    progress = Progress(Gone(), Clock())
+    progress("sealing", 1, 10)
+    assert progress.shown is False
+    progress("sealing", 2, 10)
+    progress.close()
