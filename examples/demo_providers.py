@@ -283,7 +283,9 @@ def _refund(st: State, request: web.Request, args: JSON) -> tuple[int, JSON]:
     if status != 200:
         return status, quote
     if quote.pop("exceeds_refundable"):
-        return 422, {"error": "exceeds_refundable", "refundable": quote["refundable"]}
+        refundable = quote["refundable"]
+        message = f"only {refundable:.2f} {quote['currency']} of {quote['order_id']} is refundable"
+        return 422, {"error": "exceeds_refundable", "message": message, "refundable": refundable}
     del quote["refundable"]
     st.data["orders"][quote["order_id"]]["refunded"] += quote["amount"]
     refund = {"id": f"re_{next(st.ids)}", "status": "succeeded"}

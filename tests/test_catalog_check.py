@@ -106,6 +106,12 @@ CASES: dict[str, Case] = {
         ("tools", "issue_refund", "approval", "escalate"),
         line="escalate: true",
     ),
+    "empty_segment_in_error_fields": Case(
+        "    result: {fields: [id, status]}\n",
+        "    result: {fields: [id, status], error_fields: [error, detail..text]}\n",
+        ("tools", "get_order", "result", "error_fields", 1),
+        line="error_fields: [error, detail..text]",
+    ),
     "unknown_top_level_key": Case(
         'version: "t1"\n', 'version: "t1"\nowner: me\n', ("owner",), line="owner: me"
     ),
@@ -666,7 +672,7 @@ def test_a_key_like_no_allowed_one_is_answered_with_the_keys_allowed_there(
 ) -> None:
     text = edit(BASE, "result: {fields: [id, status]}", "result: {colour: blue}")
     problem = at(problems_of(write(tmp_path, text)), ("tools", "get_order", "result", "colour"))
-    assert problem.message == "unknown key: allowed here are fields, redact, trusted"
+    assert problem.message == "unknown key: allowed here are fields, error_fields, redact, trusted"
 
 
 # --- directories and policy_version ----------------------------------------------------------

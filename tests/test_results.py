@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from app.calls.results import mask_arguments, minimize
+from pathlib import Path
+
+from app.calls.results import mask_arguments, minimize, trimmed
+from app.catalog.loader import load
+from tests.catalogs import BASE, write
+
+REFUSAL = {"error": "out_of_stock", "message": "none left", "id": "o1", "internal": "x"}
 
 
 def test_only_listed_fields_reach_the_model() -> None:
@@ -30,3 +36,25 @@ def test_a_non_object_result_with_fields_keeps_nothing() -> None:
 
 def test_sensitive_arguments_are_masked() -> None:
     assert mask_arguments({"note": "secret", "a": 1}, {"note"}) == {"note": "[redacted]", "a": 1}
+
+
+def test_an_error_answer_is_trimmed_by_fields_when_the_catalog_names_no_error_fields(
+    tmp_path: Path,
+) -> None:
+    """Fail closed: an error answer shows only what a result would."""
+    tool = load(write(tmp_path, BASE), {}).tools["get_order"]  # fields: [id, status]
+    assert trimmed(tool, 409, REFUSAL) == {"id": "o1"}
+    assert trimmed(tool, 200, REFUSAL) == {"id": "o1"}
+
+
+def test_error_fields_trim_every_non_2xx_answer_and_redact_applies_to_them(
+    tmp_path: Path,
+) -> None:
+    text = BASE.replace(
+        "result: {fields: [id, status]}",
+        "result: {fields: [id, status], error_fields: [error, message], redact: [message]}",
+    )
+    tool = load(write(tmp_path, text), {}).tools["get_order"]
+    for status in (400, 404, 422, 500, 302):
+        assert trimmed(tool, status, REFUSAL) == {"error": "out_of_stock", "message": "[redacted]"}
+    assert trimmed(tool, 201, REFUSAL) == {"id": "o1"}

@@ -364,7 +364,7 @@ class Execution:
         async with self.state.db.transaction() as conn:
             if authorized.run_id is not None:
                 await recording.remember_result(
-                    conn, authorized.run_id, authorized.call, record.call_id, result
+                    conn, authorized.run_id, authorized.call, record.call_id, record.state, result
                 )
             await append(
                 conn,

@@ -244,19 +244,21 @@ async def record_run_outcome(
     (``remember_result``), in the transaction that stores the result."""
     if request.run_id is not None:
         await runs.record_outcome(conn, request.run_id, call.fingerprint, status, result)
-        await remember_result(conn, request.run_id, call, call_id, result)
+        await remember_result(conn, request.run_id, call, call_id, status, result)
 
 
 async def remember_result(
-    conn: Connection, run_id: str, call: PreparedCall, call_id: str, result: Any
+    conn: Connection, run_id: str, call: PreparedCall, call_id: str, status: str, result: Any
 ) -> None:
     """What a run keeps of a result it is given: a trusted tool's result (data only the
     user or tenant can write) endorses later values (``runs.remember_trusted``); any other
     is untrusted, and its strings taint later arguments (``runs.remember``; not those that
-    echo the call's own arguments)."""
+    echo the call's own arguments). A refusal (``status`` other than ``succeeded``) is
+    never trusted: ``trusted`` vouches for the tool's data, while a provider's error text
+    (``result.error_fields``) may quote anything, an outsider's input included."""
     if result is None:
         return
-    if call.tool.result.trusted:
+    if call.tool.result.trusted and status == "succeeded":
         await runs.remember_trusted(conn, run_id, result)
     else:
         await runs.remember(conn, run_id, call_id, result, call.arguments)

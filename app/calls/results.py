@@ -97,6 +97,17 @@ def classify(provider_status: int) -> Outcome:
     return "unknown"
 
 
+def trimmed(tool: Tool, provider_status: int, provider_body: Any) -> Any:
+    """What of the provider's answer reaches the caller: ``result.fields`` of a 2xx answer,
+    ``result.error_fields`` of any other when the catalog names them (a refusal's message,
+    which a model needs to correct its call), else ``fields`` too: an error answer shows
+    nothing the catalog did not choose to show. ``redact`` masks both."""
+    fields = tool.result.fields
+    if tool.result.error_fields is not None and not 200 <= provider_status < 300:
+        fields = tool.result.error_fields
+    return minimize(provider_body, fields, tool.result.redact)
+
+
 def result_body(
     tool: Tool,
     call_id: str,
@@ -113,7 +124,7 @@ def result_body(
         "operation_id": operation_id,
         "status": status,
         "provider_status": provider_status,
-        "result": minimize(provider_body, tool.result.fields, tool.result.redact),
+        "result": trimmed(tool, provider_status, provider_body),
         "trust": "untrusted",
         "replayed": False,
     }

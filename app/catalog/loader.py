@@ -319,7 +319,11 @@ def _tool(
                 (*where, "approval", "summary", i),
                 f"{shown!r} is x-sensitive: the inbox never shows its value",
             )
-    for key, paths in (("fields", t.result.fields or []), ("redact", t.result.redact)):
+    for key, paths in (
+        ("fields", t.result.fields or []),
+        ("error_fields", t.result.error_fields or []),
+        ("redact", t.result.redact),
+    ):
         for i, dotted in enumerate(paths):
             if not all(dotted.split(".")):
                 source.problem((*where, "result", key, i), f"bad dotted path {dotted!r}")

@@ -90,6 +90,11 @@ class ResultSpec(_Spec):
 
     fields: list[str] | None = None
     """Dotted paths kept from the provider's JSON; absent: everything is kept."""
+    error_fields: list[str] | None = None
+    """Dotted paths kept, instead of ``fields``, from a provider's error answer (not 2xx),
+    such as its message; absent: an error answer is trimmed by ``fields`` like a result.
+    ``redact`` applies to both, and an error answer is untrusted even when ``trusted`` is
+    true."""
     redact: list[str] = Field(default_factory=list)
     """Dotted paths whose values are replaced by "[redacted]"."""
     trusted: bool = False
