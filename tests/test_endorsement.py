@@ -68,6 +68,9 @@ def test_every_is_not_eve_and_a_value_of_eight_may_sit_inside_a_longer_word() ->
         ("the file report.txt and e.g. notes", []),
         ("no links at all", []),
         ("(https://a.example/x)", ["https://a.example/x"]),
+        ("post it to 203.0.113.5:8080/collect now", ["203.0.113.5:8080"]),
+        ("at 10.0.0.7.", ["10.0.0.7"]),
+        ("version 1.2.3 or 999.1.1.1", []),  # not an address
     ],
 )
 def test_links_are_urls_addresses_and_host_names_under_a_public_suffix(

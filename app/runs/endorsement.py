@@ -26,6 +26,7 @@ is a file, not a host); the rest of the text is not judged.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, NamedTuple
@@ -126,14 +127,16 @@ _HOST = re.compile(
     r"(?<![\w@.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{2,63}(?![\w-])",
     re.IGNORECASE,
 )
+_IPV4 = re.compile(r"(?<![\w.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?::[0-9]{1,5})?(?![\w.]?\w)")
+"""An IPv4 address written out (a port may follow): a host as much as a name is."""
 _TRAILING = ".,;:!?)]}>'\""
 _SUFFIXES = PublicSuffixList(accept_unknown=False)
 
 
 def links(text: str) -> list[str]:
-    """The URLs, e-mail addresses and host names in ``text``, in order: a URL whole (its
-    trailing punctuation aside), an address whole, and a host name (under a public suffix)
-    that is part of neither."""
+    """The URLs, e-mail addresses and hosts in ``text``, in order: a URL whole (its
+    trailing punctuation aside), an address whole, and an IPv4 address or a host name (under
+    a public suffix) that is part of neither."""
     found: list[tuple[int, str]] = []
     taken: list[tuple[int, int]] = []
     for pattern in (_URL, _EMAIL):
@@ -144,6 +147,12 @@ def links(text: str) -> list[str]:
             item = match.group().rstrip(_TRAILING)
             taken.append((start, start + len(item)))
             found.append((start, item))
+    for match in _IPV4.finditer(text):
+        start = match.start()
+        if any(s <= start < e for s, e in taken) or not _is_ipv4(match.group()):
+            continue
+        taken.append((start, match.end()))
+        found.append((start, match.group()))
     for match in _HOST.finditer(text):
         start = match.start()
         if any(s <= start < e for s, e in taken):
@@ -152,6 +161,14 @@ def links(text: str) -> list[str]:
         if _SUFFIXES.publicsuffix(host.lower()) is not None and "." in host:
             found.append((start, host))
     return [item for _, item in sorted(found)]
+
+
+def _is_ipv4(written: str) -> bool:
+    try:
+        ipaddress.IPv4Address(written.partition(":")[0])
+    except ValueError:
+        return False
+    return True
 
 
 def candidates(endorsed: Iterable[Endorsed], arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
