@@ -29,6 +29,7 @@ import hashlib
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
 from publicsuffixlist import PublicSuffixList
@@ -43,37 +44,44 @@ later trusted results endorse nothing: a value they alone hold needs an approval
 SOURCES: tuple[Source, ...] = ("task", "trusted_result", "known")
 
 
-class Text(NamedTuple):
-    """A text's words joined, and the offsets where words begin and end in the joined form."""
+class Text:
+    """A text's words, to find values in. Kept as they are stored (separated by single
+    spaces, ``spaced``), so that taking in a run's trusted results (a quarter of a megabyte)
+    costs nothing per call: a value is looked for in the joined words only when it is long
+    enough to match anywhere, and otherwise as whole words of the spaced form."""
 
-    joined: str
-    bounds: frozenset[int]
+    __slots__ = ("_joined", "_padded")
+
+    def __init__(self, spaced: str) -> None:
+        self._padded = f" {spaced} "
+        self._joined: str | None = None
 
     @classmethod
     def of(cls, found: Iterable[str]) -> Text:
-        joined, bounds, at = [], {0}, 0
-        for word in found:
-            joined.append(word)
-            at += len(word)
-            bounds.add(at)
-        return cls("".join(joined), frozenset(bounds))
+        return cls(" ".join(found))
 
     @classmethod
     def stored(cls, spaced: str) -> Text:
-        """A text stored as its words separated by spaces (``spaced``)."""
-        return cls.of(spaced.split())
+        """A text stored as its words separated by single spaces (``spaced``)."""
+        return cls(spaced)
 
     def holds(self, value: str) -> bool:
         """Whether the normalized ``value`` occurs here: as whole words, or, when it has
         ``WINDOW`` characters or more, anywhere."""
         if not value:
             return False
-        start = self.joined.find(value)
-        while start >= 0:
-            if len(value) >= WINDOW or (start in self.bounds and start + len(value) in self.bounds):
-                return True
-            start = self.joined.find(value, start + 1)
-        return False
+        if len(value) >= WINDOW:
+            if self._joined is None:
+                self._joined = self._padded.replace(" ", "")
+            return value in self._joined
+        return _whole_words(value).search(self._padded) is not None
+
+
+@lru_cache(maxsize=1024)
+def _whole_words(value: str) -> re.Pattern[str]:
+    """``value`` as one or more whole words of a spaced text (padded with a space at each
+    end): a word boundary may fall between any two of its characters."""
+    return re.compile(" " + " ?".join(map(re.escape, value)) + " ")
 
 
 def spaced(text: str) -> str:
