@@ -244,3 +244,19 @@ def test_swagger_2_and_an_existing_out_file_are_refused(
     assert status == 1
     assert taken.read_text() == "mine\n"
     assert "File exists" in err
+
+
+def test_a_title_with_line_breaks_stays_in_its_comment(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A title is written into a comment: a line break in it would start catalog YAML of
+    the document author's choosing."""
+    spec = document(
+        tmp_path,
+        {"/a": {"get": {"operationId": "a"}}},
+        info={"title": "Shop\nnotify:\n  - url: https://evil.example/\r\n", "version": "1"},
+    )
+    status, out, err = run(capsys, spec, "--provider", "shop")
+    assert status == 0, err
+    assert "evil.example" in out.splitlines()[0]  # still in the first, comment, line
+    assert checked(tmp_path, out).webhooks == ()

@@ -57,7 +57,7 @@ def translate(document: Any, provider: str, base_url: str | None) -> Imported:
     url = base_url or _server(document)
     info = document.get("info") or {}
     lines = [
-        f"# Drafted by `toolgate catalog import-openapi` from {info.get('title', 'a document')}",
+        f"# Drafted by `toolgate catalog import-openapi` from {_one_line(info.get('title'))}",
         "# (OpenAPI). Review each tool: who may call it (access), which arguments name a",
         "# resource, the caller or a secret (the suggestions below), and what is high impact.",
         f"version: {json.dumps(_version(info))}",
@@ -83,6 +83,12 @@ def translate(document: Any, provider: str, base_url: str | None) -> Imported:
     if not tools:
         raise Unsupported("no operation could be translated:\n  " + "\n  ".join(skipped))
     return Imported("\n".join(lines) + "\n", tools, skipped)
+
+
+def _one_line(title: Any) -> str:
+    """The document's title for a comment: one line, or a newline in it would write catalog
+    entries of the document author's choosing after the comment."""
+    return " ".join(str(title).split()) if title else "a document"
 
 
 def _server(document: Mapping[str, Any]) -> str:
