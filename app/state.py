@@ -12,6 +12,7 @@ from app.db import Database
 from app.locks import Locks
 from app.outbound import Outbound
 from app.providers import ProviderClient
+from app.runs.endorsement import TrustedTexts
 from app.settings import Settings
 
 
@@ -27,6 +28,8 @@ class AppState:
     locks: Locks
     waiters: CallWaiters
     """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
+    trusted: TrustedTexts = field(default_factory=TrustedTexts)
+    """The trusted results of the runs this process judged last (to endorse values by)."""
     reloading: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by a catalog reload (``main.reload_catalog``) from reading the disk to swapping
     the catalog in: reloads take turns."""

@@ -4,7 +4,8 @@ nothing, and with runs that each remember about 10,000 values.
 One command, everything on 127.0.0.1, everything it starts it stops, and the throwaway
 database it creates it drops::
 
-    python bench/provenance.py [--duration 10] [--rounds 3] [--concurrency 8] [--endorsement]
+    python bench/provenance.py [--duration 10] [--rounds 3] [--concurrency 8]
+                               [--endorsement [--full-trusted]]
 
 Steps: create a database ``bench_<random>``; ``toolgate migrate`` it; start the demo
 providers and ``toolgate serve --workers 1`` with the demo catalog plus
@@ -28,6 +29,11 @@ is looked up and every argument is endorsed (the calls are allowed, as the plain
 
 * ``propose plain`` / ``propose endorsed``;
 * ``execute plain`` / ``execute endorsed`` (a read: no key, the provider is called).
+
+``--full-trusted`` makes it the worst case a run allows: before the payees, each run reads a
+trusted ledger of about 250,000 characters (``read_ledger``: the transactions, trusted, so
+the run keeps nearly all the trusted text it may), and the value endorsed by a trusted result
+is the ledger's last counterparty; the three known values are judged after the task.
 
 Prints req/s, p50, p99 and the server's CPU milliseconds per request for each scenario
 (medians over the rounds; the scenario order alternates between rounds), and with
@@ -99,6 +105,25 @@ PAY_TOOL = """
       properties:
         account_id: {{type: string, x-resource: account}}
 {properties}"""
+LEDGER_ROWS = 3_900
+"""Generated transactions in the trusted ledger: about 63 characters of words each, so the
+ledger's words come to just under ``MAX_TRUSTED_CHARS`` with the payees."""
+LEDGER_TOOL = """
+  read_ledger:
+    description: The account's transactions, as a ledger its owner alone writes (a benchmark).
+    mutation: false
+    provider: bank
+    execute: {method: GET, path: "/accounts/{account_id}/transactions"}
+    access: {roles: [support], owner: tenant}
+    parameters:
+      type: object
+      additionalProperties: false
+      required: [account_id, extra]
+      properties:
+        account_id: {type: string, x-resource: account}
+        extra: {type: integer, minimum: 0, maximum: 10000}
+    result: {trusted: true}
+"""
 CALLS_PER_RUN = 190
 """Proposals sent under one run before the next one is used (the server caps a run at 200)."""
 
@@ -111,15 +136,24 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--endorsement", action="store_true", help="measure what endorsement costs instead"
     )
+    parser.add_argument(
+        "--full-trusted",
+        action="store_true",
+        help="with --endorsement: runs also hold a trusted ledger of about 250,000 characters",
+    )
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     return parser.parse_args()
 
 
-async def new_run(client: httpx.AsyncClient, values: bool, trusted: bool = False) -> str:
+async def new_run(
+    client: httpx.AsyncClient, values: bool, trusted: bool = False, ledger: bool = False
+) -> str:
     response = await client.post("/runs", json={"task": TASK})
     run_id = str(response.json()["run_id"])
     reads = [("list_transactions", {"account_id": "acc_1", "extra": 5000})] if values else []
+    if ledger:
+        reads.append(("read_ledger", {"account_id": "acc_1", "extra": LEDGER_ROWS}))
     if trusted:
         reads.append(("list_payees", {"account_id": "acc_1"}))
     for tool, arguments in reads:
@@ -229,8 +263,10 @@ def endorsed_catalog(directory: Path) -> None:
         f"        {name}: {{type: string, x-endorsed: true, x-endorsed-kind: payee}}\n"
         for name in ENDORSED_ARGS
     )
-    tools = PAY_TOOL.format(name="pay_plain", properties=plain) + PAY_TOOL.format(
-        name="pay_endorsed", properties=endorsed
+    tools = (
+        PAY_TOOL.format(name="pay_plain", properties=plain)
+        + PAY_TOOL.format(name="pay_endorsed", properties=endorsed)
+        + LEDGER_TOOL
     )
     with (directory / "bank.yaml").open("a") as bank:
         bank.write(tools)
@@ -268,6 +304,8 @@ async def endorsement_scenarios(
     headers = {"Authorization": f"Bearer {bearer}"}
     limits = httpx.Limits(max_connections=ns.concurrency)
     arguments = {"account_id": "acc_1", **ENDORSED_ARGS}
+    if ns.full_trusted:  # endorsed only by the ledger's last row: the ledger was kept, and searched
+        arguments["b"] = f"Shop {LEDGER_ROWS - 1:05d}"
     requests: dict[str, tuple[str, dict[str, object]]] = {
         f"{path.strip('/')} {kind}": (path, {"tool": f"pay_{kind}", "arguments": arguments})
         for path in ("/propose", "/execute")
@@ -280,7 +318,10 @@ async def endorsement_scenarios(
             print(f"round {round_no + 1}: preparing {needed} runs per scenario", flush=True)
             order = list(requests) if round_no % 2 == 0 else list(reversed(requests))
             for name in order:
-                runs = [await new_run(c, True, trusted=True) for _ in range(needed)]
+                runs = [
+                    await new_run(c, True, trusted=True, ledger=ns.full_trusted)
+                    for _ in range(needed)
+                ]
                 request = requests[name]
                 await measure(
                     c, runs[-1:], 2.0, ns.concurrency, server_pid, request, pay_is_endorsed

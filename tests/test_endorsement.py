@@ -106,6 +106,20 @@ def test_judging_names_the_source_or_why_there_is_none() -> None:
     assert all(e.source is None for e in endorsement.judge(args, {"recipient": "eve"}, None))
 
 
+def test_a_process_holds_the_trusted_texts_of_its_last_runs_only() -> None:
+    held = endorsement.TrustedTexts(runs=2)
+    [payees] = held.put("run_a", 9, ["bob stone"])
+    assert payees.holds(normalized("Bob Stone"))
+    held.put("run_b", 0, [])
+    assert held.get("run_a") == (9, (payees,))  # used last: run_b goes first
+    held.put("run_c", 3, ["eve"])
+    assert held.get("run_b") is None
+    assert [chars for chars, _ in filter(None, map(held.get, ("run_a", "run_c")))] == [9, 3]
+    [grown, more] = held.put("run_a", 14, ["bob stone", "alice"])[:2]
+    assert held.get("run_a") == (14, (grown, more))
+    assert more.holds("alice")
+
+
 # --- over HTTP: the demo bank, send_money's recipient endorsed ------------------------------
 
 BANK = (ROOT / "examples" / "bank.yaml").read_text().replace("timeout_s: 5", "timeout_s: 1")
@@ -295,6 +309,29 @@ async def test_a_trusted_results_values_endorse_and_an_untrusted_ones_do_not(
     untrusted = (await propose(bank, transfer(ATTACKER_IBAN), run_id)).json()
     assert untrusted["endorsement"][0]["endorsed"] is False
     assert untrusted["next"] == "dry_run"
+
+
+async def test_a_trusted_result_given_after_a_judged_call_endorses_the_next_one(
+    bank: Flow, providers: Providers
+) -> None:
+    """The process holds a run's trusted texts between calls; a trusted result the run is
+    given later is taken in by the next call, not hidden by what was held."""
+    run_id = await start_run(bank, "Pay my landlord the usual rent.")
+    await bank.post(
+        "/execute",
+        {"tool": "list_transactions", "arguments": {"account_id": "acc_1"}, "run_id": run_id},
+    )
+    before = (await propose(bank, transfer(LANDLORD), run_id)).json()
+    assert before["endorsement"][0]["endorsed"] is False
+    payees = await bank.post(
+        "/execute",
+        {"tool": "list_payees", "arguments": {"account_id": "acc_1"}, "run_id": run_id},
+    )
+    assert payees.status_code == 200, payees.text
+    after = (await propose(bank, transfer(LANDLORD), run_id)).json()
+    assert after["endorsement"] == [item("recipient", "trusted_result", True)]
+    again = (await propose(bank, transfer(LANDLORD.lower()), run_id)).json()
+    assert again["endorsement"] == [item("recipient", "trusted_result", True)]
 
 
 async def test_known_values_come_from_admins_and_approvers_and_endorse_outside_a_run(

@@ -93,9 +93,10 @@ async def sources_of(
     state: AppState, call: PreparedCall, request: Request
 ) -> endorsement.Sources | None:
     """What can endorse the call's ``x-endorsed`` arguments: its run's task and the trusted
-    results the run was given, and which of its values are known values of the tenant (one
-    statement). Nothing to ask for a tool without such arguments. A database that cannot
-    answer fails the request (503), never endorses."""
+    results the run was given (held by this process while they stay the same), and which of
+    its values are known values of the tenant (one statement). Nothing to ask for a tool
+    without such arguments. A database that cannot answer fails the request (503), never
+    endorses."""
     endorsed = call.tool.endorsed_args
     if not endorsed:
         return None
@@ -108,11 +109,15 @@ async def sources_of(
     ]
     if not digests:
         return endorsement.Sources(task, (), frozenset())
+    held = state.trusted.get(run.id) if run is not None else None
     async with state.db.connection() as conn:
-        trusted, known = await known_values.sources(
-            conn, request.principal.tenant, request.run_id, digests
+        chars, stored, known = await known_values.sources(
+            conn, request.principal.tenant, request.run_id, digests, held[0] if held else -1
         )
-    return endorsement.Sources(task, tuple(map(endorsement.Text.stored, trusted)), known)
+    trusted = held[1] if held else ()  # unless the run keeps more than this process holds
+    if stored is not None and run is not None:
+        trusted = state.trusted.put(run.id, chars, stored)
+    return endorsement.Sources(task, trusted, known)
 
 
 async def recall_of(state: AppState, call: PreparedCall, run_id: str | None) -> Recall | None:

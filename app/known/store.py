@@ -59,19 +59,24 @@ async def page(
 
 
 async def sources(
-    conn: Connection, tenant: str, run_id: str | None, digests: list[str]
-) -> tuple[list[str], frozenset[str]]:
-    """What can endorse a call, in one statement: the trusted results its run was given
-    (their words), and which of ``digests`` are known values of the tenant."""
+    conn: Connection, tenant: str, run_id: str | None, digests: list[str], held_chars: int
+) -> tuple[int, list[str] | None, frozenset[str]]:
+    """What can endorse a call, in one statement: how many characters of trusted results
+    its run keeps, and their words unless the caller holds them already (``held_chars``,
+    -1 for none), and which of ``digests`` are known values of the tenant."""
     row = await conn.fetchrow(
         """
-        SELECT (SELECT trusted FROM run_memory WHERE run_id = $1) AS trusted,
+        SELECT coalesce(m.trusted_chars, 0) AS chars,
+            CASE WHEN coalesce(m.trusted_chars, 0) <> $4 THEN m.trusted END AS trusted,
             ARRAY(SELECT digest FROM known_values WHERE tenant = $2 AND digest = ANY($3))
                 AS known
+        FROM (VALUES (1)) AS one LEFT JOIN run_memory m ON m.run_id = $1
         """,
         run_id,
         tenant,
         digests,
+        held_chars,
     )
-    assert row is not None  # a statement without FROM returns its one row
-    return list(row["trusted"] or []), frozenset(row["known"])
+    assert row is not None  # one row, joined or not
+    trusted = row["trusted"]
+    return row["chars"], None if trusted is None else list(trusted), frozenset(row["known"])

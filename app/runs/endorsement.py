@@ -16,7 +16,8 @@ accents, spacing and punctuation do not count). "Occurs in" must not endorse by 
 a value must match whole words of the text (``Eve`` is not endorsed by "every", nor
 ``general`` by "generally"); a value of ``provenance.WINDOW`` characters or more may also
 match inside longer words (an IBAN written without its spaces). A known value must be the
-value exactly (in that form).
+value exactly (in that form). A value several sources hold is named by the first that
+holds it, cheapest first: the task, the known values, the trusted results.
 
 ``x-endorsed: links`` judges free text: every URL, e-mail address and host name found in it
 must be endorsed on its own (host names are those under a public suffix, so ``report.txt``
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
@@ -82,6 +84,34 @@ def _whole_words(value: str) -> re.Pattern[str]:
     """``value`` as one or more whole words of a spaced text (padded with a space at each
     end): a word boundary may fall between any two of its characters."""
     return re.compile(" " + " ?".join(map(re.escape, value)) + " ")
+
+
+class TrustedTexts:
+    """The trusted results of the runs this process judged last (``runs`` of them, each
+    at most ``MAX_TRUSTED_CHARS``), as ``Text``: what a run keeps of them only grows, by
+    whole results, so the count of its characters names its texts, and the database sends
+    them again only when that count has changed. Pure: it holds what it is given."""
+
+    def __init__(self, runs: int = 32) -> None:
+        self._runs = runs
+        self._held: OrderedDict[str, tuple[int, tuple[Text, ...]]] = OrderedDict()
+
+    def get(self, run_id: str) -> tuple[int, tuple[Text, ...]] | None:
+        """The run's held texts and their count of characters, if held."""
+        held = self._held.get(run_id)
+        if held is not None:
+            self._held.move_to_end(run_id)
+        return held
+
+    def put(self, run_id: str, chars: int, stored: Iterable[str]) -> tuple[Text, ...]:
+        """Hold the run's texts (``chars`` characters, as stored), replacing what was held,
+        and forget the least recently used run past ``runs``."""
+        texts = tuple(map(Text.stored, stored))
+        self._held[run_id] = (chars, texts)
+        self._held.move_to_end(run_id)
+        while len(self._held) > self._runs:
+            self._held.popitem(last=False)
+        return texts
 
 
 def spaced(text: str) -> str:
@@ -226,10 +256,10 @@ def _source(kind: str, item: str, sources: Sources | None) -> Source | None:
     value = normalized(item)
     if sources.task is not None and sources.task.holds(value):
         return "task"
+    if digest(kind, item) in sources.known:  # before the trusted texts: it costs nothing
+        return "known"
     if any(text.holds(value) for text in sources.trusted):
         return "trusted_result"
-    if digest(kind, item) in sources.known:
-        return "known"
     return None
 
 
