@@ -477,6 +477,8 @@ def _check(settings: Settings, path: Path) -> int:
             print(problem, file=sys.stderr)
         print(f"{len(exc.problems)} problem(s) in {path}", file=sys.stderr)
         return 1
+    for warning in catalog.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{path}: {len(catalog.tools)} tools, policy_version {catalog.policy_version}")
     return 0
 

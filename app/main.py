@@ -59,6 +59,8 @@ log = logging.getLogger("toolgate")
 async def open_state(settings: Settings) -> AppState:
     """Everything a request needs, or ``ConfigError`` saying why it cannot start."""
     catalog = load(settings.catalog_path, settings.env)
+    for warning in catalog.warnings:
+        log.warning("catalog: %s", warning)
     url = settings.check_database()
     pending = await pending_migrations(url)
     if pending:

@@ -35,7 +35,7 @@ tools:
     dry_run: {method: POST, path: /refunds/preview}
     require_dry_run: true
     high_impact_when: "args.amount > 100.0"
-    approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300}
+    approval: {approvers: [actor, "role:finance_approver"], ttl_s: 300}
     access: {roles: [support], owner: tenant}
     parameters:
       type: object

@@ -223,6 +223,19 @@ def catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def self_approved_catalog(tmp_path_factory: pytest.TempPathFactory, catalog_dir: Path) -> Path:
+    """The demo catalog, but a refund's actor may approve it too (``approvers: [actor, …]``),
+    as a user confirming their own agent's refund would: for what only a tool that lists
+    its actor shows (a form in the MCP client, the actor's own inbox)."""
+    directory = tmp_path_factory.mktemp("self_approved")
+    text = (catalog_dir / "demo.yaml").read_text()
+    refunds = 'approvers: ["role:finance_approver"], ttl_s: 300, summary: [amount, currency]'
+    assert refunds in text
+    (directory / "demo.yaml").write_text(text.replace(refunds, refunds.replace("[", "[actor, ", 1)))
+    return directory
+
+
+@pytest.fixture(scope="session")
 def env(database_url: str, redis_url: str, providers_url: str, catalog_dir: Path) -> dict[str, str]:
     """The environment of the test app; other instances start from a copy of it."""
     return make_env(database_url, redis_url, providers_url, TOOLGATE_CATALOG=str(catalog_dir))

@@ -4,10 +4,15 @@ the ASGI app against real PostgreSQL, Redis and the demo providers."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from app import cursors
-from tests.flows import ALICE, BOB, Flow, refund_args
+from tests.conftest import running_app
+from tests.flows import ALICE, BOB, Auth, Flow, refund_args
 
 PAGE = 50
 DEVELOPER = {"sub": "devon", "roles": "developer"}
@@ -106,9 +111,26 @@ async def test_a_decided_request_behind_a_full_page_of_others_is_on_the_first_pa
     assert (len(rest["items"]), rest["next_cursor"]) == (5, None)
 
 
-async def test_the_inbox_keeps_the_self_approval_rule(flow: Flow) -> None:
-    """``owner`` lets the actor decide their own refund; a release manager may not decide
-    their own deployment, which deploy_service does not list ``owner`` for."""
+@pytest.fixture
+async def self_approving(
+    env: dict[str, str], self_approved_catalog: Path, auth: Auth, clean: None, providers: Any
+) -> AsyncIterator[Flow]:
+    catalog = {**env, "TOOLGATE_CATALOG": str(self_approved_catalog)}
+    async with running_app(catalog) as client:
+        yield Flow(client, auth)
+
+
+async def test_the_demo_inbox_never_offers_the_actor_their_own_refund(flow: Flow) -> None:
+    """The demo's refunds over 100.00 need a finance approver: their actor is not one."""
+    own_refund = await pending_refund(flow)  # alice's
+    assert ids(await page(flow, ALICE)) == []
+    assert ids(await page(flow, BOB)) == [own_refund]
+
+
+async def test_the_inbox_keeps_the_self_approval_rule(self_approving: Flow) -> None:
+    """``actor`` lets the actor decide their own refund; a release manager may not decide
+    their own deployment, which deploy_service does not list ``actor`` for."""
+    flow = self_approving
     own_refund = await pending_refund(flow)  # alice's
     [own_deploy] = await pending_deploys(flow, 1, RELEASE_MANAGER)
     [other_deploy] = await pending_deploys(flow, 1)

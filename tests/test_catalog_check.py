@@ -81,7 +81,7 @@ class Case:
     """For a missing key: the header line of the mapping the problem must point into."""
 
 
-ROLE = 'approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300}'
+ROLE = 'approval: {approvers: [actor, "role:finance_approver"], ttl_s: 300}'
 REFUND_EXECUTE = "    execute: {method: POST, path: /refunds}\n"
 
 # Places inside a schema where an annotation would not be honoured (line: "hidden").
@@ -102,7 +102,7 @@ CASES: dict[str, Case] = {
     ),
     "unknown_key_inside_approval": Case(
         ROLE,
-        'approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300, escalate: true}',
+        'approval: {approvers: [actor, "role:finance_approver"], ttl_s: 300, escalate: true}',
         ("tools", "issue_refund", "approval", "escalate"),
         line="escalate: true",
     ),
@@ -379,7 +379,7 @@ CASES: dict[str, Case] = {
     ),
     "a_read_approved_without_endorsed_arguments": Case(
         "    access: {roles: [support, customer]}\n",
-        "    access: {roles: [support, customer]}\n    approval: {approvers: [owner], ttl_s: 61}\n",
+        "    access: {roles: [support, customer]}\n    approval: {approvers: [actor], ttl_s: 61}\n",
         ("tools", "get_order", "approval"),
         line="ttl_s: 61",
     ),
@@ -986,6 +986,38 @@ def test_an_approval_summary_names_parameters_the_inbox_may_show(
     with pytest.raises(CatalogError) as refused:
         load(write(tmp_path, text), {})
     assert message in str(refused.value)
+
+
+def test_owner_among_approvers_still_means_the_actor_and_is_pointed_out(tmp_path: Path) -> None:
+    """``owner`` read as the record's owner of ``access.owner``; ``actor`` says what it
+    means, and catalogs that still write ``owner`` keep working."""
+    catalog = load(write(tmp_path, BASE.replace("approvers: [actor,", "approvers: [owner,")), {})
+    approval = catalog.tools["issue_refund"].approval
+    assert approval is not None
+    assert approval.approvers == ["actor", "role:finance_approver"]
+    assert [w.split(": ", 2)[1] for w in catalog.warnings] == [
+        "tools.issue_refund.approval.approvers.0",
+        "tools.issue_refund.approval.approvers",
+    ]
+    problems = problems_of(write(tmp_path, BASE.replace("approvers: [actor,", "approvers: [me,")))
+    assert "approvers are 'actor' or 'role:<name>'" in str(problems[0])
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "warned"),
+    [
+        ("", "", True),  # high impact over 100.00, and its actor may approve it
+        ("approvers: [actor, ", "approvers: [", False),  # a second person decides
+        ('    high_impact_when: "args.amount > 100.0"\n', "    on_taint: approve\n", False),
+    ],
+)
+def test_a_high_impact_tool_its_own_actor_may_approve_is_pointed_out(
+    tmp_path: Path, old: str, new: str, warned: bool
+) -> None:
+    """Letting the actor approve is a choice for a call the user confirms (a tainted
+    transfer of their own), not for one a rule calls high impact."""
+    catalog = load(write(tmp_path, edit(BASE, old, new) if old else BASE), {})
+    assert any("their own high-impact call" in w for w in catalog.warnings) is warned
 
 
 def test_an_x_keyword_toolgate_does_not_know_is_refused_so_no_listed_schema_carries_one(

@@ -74,6 +74,17 @@ async def test_check_accepts_the_shipped_catalog() -> None:
     result = await run("check", "catalog/", env=base_env())
     assert result.returncode == 0, result.stderr
     assert "policy_version demo-2026-11-29#" in result.stdout
+    assert "warning" not in result.stderr  # the demo states no rule it does not keep
+
+
+async def test_check_prints_warnings_and_still_accepts_the_catalog(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE.replace("approvers: [actor,", "approvers: [owner,"))
+    result = await run("check", str(path), env=base_env())
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2, result.stderr
+    assert "write 'actor'" in warnings[0]
+    assert "their own high-impact call" in warnings[1]
 
 
 async def test_check_prints_every_problem_with_file_and_line(tmp_path: Path) -> None:

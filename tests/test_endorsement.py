@@ -140,7 +140,7 @@ ENDORSED = (
     provider: bank
     execute: {method: GET, path: "/accounts/{account_id}/transactions"}
     access: {roles: [support], owner: tenant}
-    approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300}
+    approval: {approvers: [actor, "role:finance_approver"], ttl_s: 300}
     parameters:
       type: object
       additionalProperties: false
@@ -163,7 +163,7 @@ def endorsed_catalogs(
         catalog = ENDORSED.replace("MODE", mode)
         if mode == "deny":  # a read whose values no approver vouches for is refused
             catalog = catalog.replace(
-                '    approval: {approvers: [owner, "role:finance_approver"], ttl_s: 300}\n'
+                '    approval: {approvers: [actor, "role:finance_approver"], ttl_s: 300}\n'
                 "    parameters:\n      type: object\n      additionalProperties: false\n"
                 "      required: [account_id, counterparty]",
                 "    on_unendorsed: deny\n    parameters:\n      type: object\n"

@@ -31,7 +31,7 @@ tools:
     provider: dead
     execute: {method: POST, path: "/orders/{order_id}/cancel"}
     impact: high
-    approval: {approvers: [owner]}
+    approval: {approvers: [actor]}
     access: {roles: [support]}
     parameters:
       type: object
@@ -114,7 +114,7 @@ NOTE_TOOL = """
     execute: {{method: POST, path: "/notes"}}
     impact: {impact}
     cost: 1
-    approval: {{approvers: [owner]}}
+    approval: {{approvers: [actor]}}
     access: {{roles: [support]}}
     parameters:
       type: object

@@ -135,7 +135,7 @@ def test_a_deletion_is_high_impact_and_a_body_becomes_the_arguments(
     assert status == 0, err
     catalog = checked(tmp_path, out)
     cancel, user = catalog.tools["cancel_order"], catalog.tools["create_user"]
-    assert (cancel.impact, cancel.approval.approvers) == ("high", ["owner"])
+    assert (cancel.impact, cancel.approval.approvers) == ("high", ["actor"])
     assert cancel.execute.path == "/orders/{order_id}"
     assert user.parameters["required"] == ["email"]
     assert set(user.parameters["properties"]) == {"email", "password"}  # readOnly left out

@@ -9,6 +9,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -33,9 +34,11 @@ Tokens = Any
 
 
 @pytest.fixture(scope="module")
-async def servers(env: dict[str, str]) -> AsyncIterator[list[Instance]]:
-    """Two instances sharing PostgreSQL and Redis."""
-    async with two_instances(env) as started:
+async def servers(
+    env: dict[str, str], self_approved_catalog: Path
+) -> AsyncIterator[list[Instance]]:
+    """Two instances sharing PostgreSQL and Redis, where a refund's actor may approve it."""
+    async with two_instances({**env, "TOOLGATE_CATALOG": str(self_approved_catalog)}) as started:
         yield started
 
 

@@ -279,7 +279,7 @@ async def test_the_approver_must_hold_authority_in_the_actors_tenant(flow: Flow)
     response = await flow.approve(proposal["call_id"], preview["snapshot_hash"], carol)
     assert (response.status_code, response.json()["code"]) == (404, "not_found")  # as missing
     own = await flow.approve(proposal["call_id"], preview["snapshot_hash"], ALICE)
-    assert own.status_code == 200, "issue_refund lists owner: the actor may approve"
+    assert (own.status_code, own.json()["code"]) == (403, "approver_forbidden")  # no actor
 
 
 async def test_self_approval_is_refused_without_owner_in_the_list(flow: Flow) -> None:

@@ -190,9 +190,9 @@ async def walk(client: httpx.AsyncClient, auth: Auth) -> list[Answer]:
     await ask("POST", "/propose", "/propose", json={"tool": "x"}, headers=auth())
     await ask("POST", "/execute", "/execute", json=refund, headers=auth())
     await ask("POST", "/execute", "/execute", json=refund, headers={**auth(), **key})
-    await ask(
-        "POST", "/approve", "/approve", json={**approve, "decision": "approve"}, headers=auth()
-    )
+    again = {**approve, "decision": "approve"}  # the call has run: 409
+    await ask("POST", "/approve", "/approve", json=again, headers=auth(**BOB))
+    await ask("POST", "/approve", "/approve", json=again, headers=auth())  # its actor: 403
     await ask("GET", "/calls/{call_id}", "/calls/call_nope", headers=auth())
     await ask("GET", "/audit", "/audit", headers=auth())
     await ask("GET", "/runs/{run_id}", "/runs/run_nope", headers=auth())

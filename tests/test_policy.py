@@ -339,7 +339,7 @@ tools:
     provider: shop
     execute: {method: DELETE, path: "/shelves/{shelf}"}
     high_impact_when: "args.shelf / 2 > 50"
-    approval: {approvers: [owner]}
+    approval: {approvers: [actor]}
     parameters:
       type: object
       additionalProperties: false

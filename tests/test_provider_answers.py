@@ -44,7 +44,7 @@ tools:
     execute: {method: POST, path: /things}
     dry_run: {method: POST, path: /things/preview}
     impact: high
-    approval: {approvers: [owner]}
+    approval: {approvers: [actor]}
     parameters:
       type: object
       additionalProperties: false

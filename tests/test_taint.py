@@ -343,7 +343,7 @@ TOOLS = """
     provider: billing
     execute: {method: POST, path: /pay}
     dry_run: {method: POST, path: /pay/preview}
-    approval: {approvers: [owner]}
+    approval: {approvers: [actor]}
     parameters:
       type: object
       properties:

@@ -22,6 +22,7 @@ import pydantic
 
 from app.canonical import digest
 from app.catalog.models import (
+    ACTOR,
     Catalog,
     Endorsed,
     EndorsedMode,
@@ -37,6 +38,7 @@ from app.catalog.models import (
 from app.catalog.source import Problem, Source, interpolate, read
 from app.catalog.spec import (
     TOOL_NAME,
+    ApprovalSpec,
     CatalogSpec,
     EndpointSpec,
     NotifySpec,
@@ -201,7 +203,41 @@ def _compile(spec: CatalogSpec, source: Source, env: Mapping[str, str]) -> Catal
         policy_version=f"{spec.version}#{digest(source.document)[7:13]}",
         tools=tools,
         webhooks=tuple(webhooks.values()),
+        warnings=tuple(map(str, source.warnings)),
     )
+
+
+def _approval(
+    spec: ApprovalSpec | None,
+    where: tuple[str | int, ...],
+    impact: Impact,
+    program: cel.Program | None,
+    source: Source,
+) -> ApprovalSpec | None:
+    """The approval section with its approvers as the rules read them: ``actor`` for the
+    call's own actor (``owner``, its former name, still accepted with a warning: it read as
+    the record's owner of ``access.owner``), ``role:<name>`` for a role's holders. Warns when
+    a tool that is high impact by its own rule lets its actor approve the call alone."""
+    if spec is None:
+        return None
+    approvers = []
+    for i, approver in enumerate(spec.approvers):
+        if approver == "owner":
+            source.warning(
+                (*where, "approvers", i),
+                "'owner' here means the call's actor: write 'actor' ('owner' is accepted for now)",
+            )
+            approver = ACTOR
+        elif approver != ACTOR and not re.fullmatch(r"role:[^\s:]+", approver):
+            source.problem((*where, "approvers", i), "approvers are 'actor' or 'role:<name>'")
+        approvers.append(approver)
+    if ACTOR in approvers and (impact == "high" or program is not None):
+        source.warning(
+            (*where, "approvers"),
+            "the actor may approve their own high-impact call: list only roles to need a"
+            " second person",
+        )
+    return spec.model_copy(update={"approvers": approvers})
 
 
 def _webhook(
@@ -304,11 +340,7 @@ def _tool(
     recheck = t.approval.recheck if t.approval else None
     if recheck and t.dry_run is None:
         source.problem((*where, "approval", "recheck"), "recheck needs a dry_run endpoint")
-    for i, approver in enumerate(t.approval.approvers if t.approval else []):
-        if approver != "owner" and not re.fullmatch(r"role:[^\s:]+", approver):
-            source.problem(
-                (*where, "approval", "approvers", i), "approvers are 'owner' or 'role:<name>'"
-            )
+    approval = _approval(t.approval, (*where, "approval"), impact, program, source)
     for i, shown in enumerate(t.approval.summary if t.approval else []):
         if shown not in _top_level(t.parameters):
             source.problem(
@@ -349,7 +381,7 @@ def _tool(
         require_dry_run=t.require_dry_run,
         impact=impact,
         high_impact_when=program,
-        approval=t.approval,
+        approval=approval,
         recheck=recheck is not False and t.dry_run is not None,
         on_taint=on_taint,
         endorsed_args=tuple(

@@ -15,6 +15,8 @@ from app.catalog.spec import AccessSpec, ApprovalSpec, Method, ResultSpec
 Impact = Literal["read", "low", "high"]
 OnTaint = Literal["approve", "deny", "allow"]
 OnUnendorsed = Literal["approve", "deny"]
+ACTOR = "actor"
+"""In ``approval.approvers``: the call's own actor may approve it."""
 EndorsedMode = Literal["value", "links"]
 
 
@@ -125,6 +127,8 @@ class Catalog:
     policy_version: str
     tools: Mapping[str, Tool]
     webhooks: tuple[Webhook, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """What ``toolgate check`` points out in the catalog without refusing it."""
 
     def subscribers(self, event: str) -> tuple[str, ...]:
         """The URLs told of ``event``: empty (and nothing to store) in most catalogs."""

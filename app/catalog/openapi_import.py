@@ -291,7 +291,7 @@ def _entry(
     if method == "delete":
         lines += [
             "    impact: high                              # a deletion: approved before it runs",
-            "    approval: {approvers: [owner], ttl_s: 300}  # review: who approves",
+            "    approval: {approvers: [actor], ttl_s: 300}  # review: who approves",
         ]
     elif mutation:
         lines.append("    impact: low                               # review: high_impact_when?")

@@ -46,15 +46,23 @@ class Source:
     lines: dict[Path_, tuple[str, int]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    """What ``toolgate check`` points out without refusing the catalog."""
 
     def problem(self, path: Path_, message: str) -> None:
         """Record a problem at the deepest known location along ``path``."""
+        self.problems.append(self._at(path, message))
+
+    def warning(self, path: Path_, message: str) -> None:
+        """Record a warning, placed as a problem is."""
+        self.warnings.append(self._at(path, message))
+
+    def _at(self, path: Path_, message: str) -> Problem:
         for depth in range(len(path), -1, -1):
             where = self.lines.get(path[:depth])
             if where:
-                self.problems.append(Problem(where[0], where[1], path, message))
-                return
-        self.problems.append(Problem(self.files[0] if self.files else "-", None, path, message))
+                return Problem(where[0], where[1], path, message)
+        return Problem(self.files[0] if self.files else "-", None, path, message)
 
 
 def read(location: Path) -> Source:

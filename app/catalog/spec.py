@@ -62,7 +62,8 @@ class ApprovalSpec(_Spec):
     """Who may approve a high-impact call, and for how long an approval holds."""
 
     approvers: list[str] = Field(min_length=1)
-    """'owner' (the actor may approve their own call) and/or 'role:<name>'."""
+    """'actor' (the call's actor may approve their own call; 'owner', its former name, is
+    still read so) and/or 'role:<name>'."""
     ttl_s: int = Field(default=300, gt=0, le=86400)
     """Seconds an approval, and a dry-run of this tool, stays valid."""
     recheck: bool | None = None

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from app.auth.principal import Principal
-from app.catalog.models import Tool
+from app.catalog.models import ACTOR, Tool
 from app.consent.models import ApprovalRow, Binding
 from app.errors import (
     ApprovalConsumed,
@@ -25,13 +25,13 @@ from app.errors import (
 def may_approve(approver: Principal, actor: str, tenant: str, approvers: list[str]) -> bool:
     """Whether ``approver`` may decide a call of ``actor`` in ``tenant``.
 
-    Same tenant only; ``owner`` lets the actor approve their own call; ``role:<name>`` lets a
-    holder of that role approve, but never their own call unless ``owner`` is listed too.
+    Same tenant only; ``actor`` lets the actor approve their own call; ``role:<name>`` lets a
+    holder of that role approve, but never their own call unless ``actor`` is listed too.
     """
     if approver.tenant != tenant:
         return False
     if approver.sub == actor:
-        return "owner" in approvers
+        return ACTOR in approvers
     return _admits_role(approver, approvers)
 
 
@@ -58,7 +58,7 @@ def decidable(approver: Principal, tools: Mapping[str, Tool]) -> Decidable:
     return Decidable(
         approver.sub,
         others=[name for name, approvers in approvals.items() if _admits_role(approver, approvers)],
-        own=[name for name, approvers in approvals.items() if "owner" in approvers],
+        own=[name for name, approvers in approvals.items() if ACTOR in approvers],
     )
 
 
