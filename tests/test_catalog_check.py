@@ -1020,6 +1020,19 @@ def test_a_high_impact_tool_its_own_actor_may_approve_is_pointed_out(
     assert any("their own high-impact call" in w for w in catalog.warnings) is warned
 
 
+def test_a_quorum_is_of_other_people_than_the_actor(tmp_path: Path) -> None:
+    quorum = BASE.replace("ttl_s: 300}", "ttl_s: 300, quorum: 2}", 1)
+    problems = problems_of(write(tmp_path, quorum))
+    assert at(problems, ("tools", "issue_refund", "approval", "quorum")).message.startswith(
+        "a quorum is of people other than the call's actor"
+    )
+    roles_only = quorum.replace("approvers: [actor, ", "approvers: [")
+    approval = load(write(tmp_path, roles_only), {}).tools["issue_refund"].approval
+    assert approval is not None
+    assert approval.quorum == 2
+    assert problems_of(write(tmp_path, roles_only.replace("quorum: 2", "quorum: 0")))
+
+
 def test_an_x_keyword_toolgate_does_not_know_is_refused_so_no_listed_schema_carries_one(
     tmp_path: Path,
 ) -> None:

@@ -87,7 +87,7 @@ BAD_SHAPES = {
     "unknown resource key": ("    owner: {", "    kind: x\n    owner: {"),
     "unknown endpoint key": ('/owner"}', '/owner", auth: none}'),
     "unknown tool key": ("    mutation: false\n", "    mutation: false\n    dangerous: no\n"),
-    "unknown approval key": ("ttl_s: 300}", "ttl_s: 300, quorum: 2}"),
+    "unknown approval key": ("ttl_s: 300}", "ttl_s: 300, majority: 2}"),
     "unknown access key": ("roles: [support, customer]}", "roles: [support], teams: [a]}"),
     "unknown result key": ("fields: [id, status]}", "fields: [id], hide: [status]}"),
     "mutation not a boolean": ("    mutation: false\n", "    mutation: maybe\n"),

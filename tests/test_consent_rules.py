@@ -105,3 +105,33 @@ def test_a_double_click_repeats_the_stored_decision_and_another_is_refused() -> 
 def test_an_approval_of_another_preview_no_longer_stands_in_the_way() -> None:
     stale = approval(snapshot_hash="sha256:old")
     assert rules.repeated(approval(id="apr_2"), False, [stale]) is None
+
+
+def test_a_quorum_takes_one_approval_from_each_approver_and_then_no_more() -> None:
+    bob = approval()
+    assert rules.repeated(approval(id="apr_2", approver="carl"), False, [bob], quorum=2) is None
+    assert rules.repeated(approval(id="apr_again"), False, [bob], quorum=2) == bob  # a double click
+    with pytest.raises(ApprovalConsumed):  # bob changing his mind while his approval lives
+        rules.repeated(approval(id="apr_2", decision="reject"), False, [bob], quorum=2)
+    carl = approval(id="apr_2", approver="carl")
+    with pytest.raises(ApprovalConsumed):
+        rules.repeated(approval(id="apr_3", approver="dora"), False, [bob, carl], quorum=2)
+    veto = approval(id="apr_3", approver="dora", decision="reject")
+    assert rules.repeated(veto, False, [bob], quorum=2) is None  # any one may reject
+
+
+def test_a_quorum_counts_approvers_who_agree_on_the_same_binding_and_are_live() -> None:
+    bob, carl = approval(), approval(id="apr_2", approver="carl")
+    assert rules.agreeing(bob, [bob, carl], NOW) == {"bob", "carl"}
+    other_preview = carl._replace(snapshot_hash="sha256:s2")
+    expired = carl._replace(expires_at=NOW)
+    assert rules.agreeing(bob, [bob, other_preview], NOW) == {"bob"}
+    assert rules.agreeing(bob, [bob, expired], NOW) == {"bob"}
+    used = [bob._replace(consumed_by="op_1"), carl._replace(consumed_by="op_1")]
+    assert rules.agreeing(used[0], used, NOW) == {"bob", "carl"}  # what ran on both
+    assert rules.quorate(bob, [bob, carl], 2, NOW) == bob
+    with pytest.raises(ApprovalRequired) as short:
+        rules.quorate(bob, [bob, expired], 2, NOW)
+    assert short.value.extra["approvals"] == "1/2"
+    with pytest.raises(ApprovalRejected):
+        rules.quorate(bob, [bob, carl, approval(id="apr_3", decision="reject")], 2, NOW)

@@ -77,6 +77,24 @@ async def endorsing(
         yield url, client
 
 
+@pytest.fixture
+async def two_person(
+    env: dict[str, str], tmp_path: Path, catalog_dir: Path, clean: None
+) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """Another toolgate, served, whose refunds over 100.00 need two finance approvers
+    (``approval.quorum: 2``); yields its base URL and a client of it."""
+    refunds = 'approvers: ["role:finance_approver"], ttl_s: 300,'
+    text = (catalog_dir / "demo.yaml").read_text()
+    (tmp_path / "demo.yaml").write_text(text.replace(refunds, refunds + " quorum: 2,"))
+    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
+    async with (
+        application.router.lifespan_context(application),
+        served(application) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        yield url, client
+
+
 async def screenshot(page: Page, name: str, tmp_path: Path) -> None:
     """Always taken (the page must render); kept under ``docs/`` when asked to refresh."""
     keep = os.environ.get("TOOLGATE_SCREENSHOTS") == "1"
@@ -342,3 +360,42 @@ async def test_an_auditor_searches_the_trail_and_verifies_the_chain(
     await rows.first.get_by_role("link").click()
     await expect(page.locator("#timeline")).to_contain_text("dry_run")
     await expect(page.locator("#decide")).to_have_count(0)  # an auditor decides nothing
+
+
+async def test_a_refund_two_approvers_must_agree_on_shows_one_of_two_and_waits(
+    page: Page,
+    two_person: tuple[str, httpx.AsyncClient],
+    auth: Auth,
+    token: Token,
+    providers: Providers,
+    tmp_path: Path,
+) -> None:
+    url, client = two_person
+    flow = Flow(client, auth)
+    call_id = await pending_refund(flow)
+    fiona = {"sub": "fiona", "roles": "finance_approver"}
+    await sign_in(page, url, "/console", token(**BOB))
+    row = page.locator(f'tr[data-call-id="{call_id}"]')
+    await expect(row).to_contain_text("0/2 approvals", timeout=10_000)
+    await row.get_by_role("link").click()
+    await expect(page.locator("#quorum")).to_contain_text("0 of the 2 approvers")
+    await page.locator("#confirm").check()
+    await page.locator("#approve").click()
+    await expect(page.locator("#outcome")).to_contain_text("1/2 approvers")
+    await expect(page.locator("#decided")).to_contain_text("Approved by 1 of 2", timeout=5_000)
+    await expect(page.locator("#state")).to_have_text("awaiting_approval")
+    await screenshot(page, "console-quorum.png", tmp_path)
+    bob_inbox = await client.get("/approvals?status=pending", headers=auth(**BOB))
+    assert bob_inbox.json()["items"] == []  # bob has decided; the other approver's turn
+    early = await flow.execute(
+        "issue_refund",
+        refund_args(150.0),
+        new_key(),
+        approval_id=(await client.get(f"/calls/{call_id}", headers=auth(**BOB))).json()["approval"][
+            "approval_id"
+        ],
+    )
+    assert (early.status_code, early.json()["code"]) == (403, "approval_required")
+    assert await effects(providers) == 0
+    others = await client.get("/approvals?status=pending", headers=auth(**fiona))
+    assert [(i["call_id"], i["approvals"]) for i in others.json()["items"]] == [(call_id, "1/2")]

@@ -34,6 +34,9 @@ class ApprovalAnswer(BaseModel):
     decision: Literal["approve", "reject"]
     expires_at: datetime | None
     binding: answers.Binding
+    approvals: str | None = None
+    """For an approval: how many approvers agree on what it binds, of how many the tool
+    needs (``approval.quorum``), as ``k/N``; the call runs once ``k`` reaches ``N``."""
 
 
 class InboxItem(BaseModel):
@@ -57,6 +60,9 @@ class InboxItem(BaseModel):
     summary: dict[str, Any] = {}
     """The values of the arguments the tool's ``approval.summary`` names, as sent (absent
     ones left out): what tells this request from others of the same tool."""
+    approvals: str
+    """How many approvers approved its preview, of how many the tool needs
+    (``approval.quorum``), as ``k/N``."""
 
 
 class Inbox(BaseModel):

@@ -19,7 +19,7 @@ from app.calls import store as calls
 from app.calls.authorization import owners_of
 from app.calls.models import CallRow, DryRunRow
 from app.calls.results import mask_arguments, sensitive_values
-from app.calls.states import STARTED
+from app.calls.states import STARTED, CallState
 from app.catalog.models import Tool
 from app.consent import rules, store
 from app.consent.models import ApprovalRow, Binding
@@ -73,13 +73,19 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
         snapshot_hash=binding.snapshot_hash,
         expires_at=now + timedelta(seconds=tool.approval.ttl_s),
     )
+    needed = rules.quorum(tool)
     async with state.db.transaction() as conn:
         call_state = await calls.lock(conn, call.id)
-        repeated = rules.repeated(
-            approval, call_state in STARTED, await store.standing(conn, call.id)
-        )
+        standing = await store.standing(conn, call.id)
+        repeated = rules.repeated(approval, call_state in STARTED, standing, needed)
+        given = len(rules.agreeing(approval, standing if repeated else [*standing, approval], now))
         if repeated is None:
-            await _record(conn, approval, call, tool, catalog.policy_version, started, remembered)
+            moves_to: CallState | None = "rejected" if approval.decision == "reject" else None
+            if approval.decision == "approve" and given >= needed:
+                moves_to = "approved"
+            await _record(
+                conn, approval, call, tool, catalog.policy_version, started, remembered, moves_to
+            )
             for kind, value, sensitive in remembered:
                 await known.remember(
                     conn, catalog, call.tenant, kind, value, principal.sub, sensitive=sensitive
@@ -89,8 +95,13 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
                 call.id, call.tool, call.tenant, call.actor, call.run_id, decided
             )
             data.update(approval_id=approval.id, approver=approval.approver)
+            if approval.decision == "approve":
+                data.update(approvals=f"{given}/{needed}")
             await webhooks.announce(conn, catalog, webhooks.APPROVAL_DECIDED, data)
-    return _answer(repeated or approval)
+    answer = _answer(repeated or approval)
+    if approval.decision == "approve":
+        answer["approvals"] = f"{given}/{needed}"
+    return answer
 
 
 async def _record(
@@ -101,13 +112,14 @@ async def _record(
     policy_version: str,
     started: float,
     remembered: list[tuple[str, str, bool]],
+    moves_to: CallState | None,
 ) -> None:
-    """Store the decision, move the call, and write its audit row."""
+    """Store the decision, move the call (unless it still awaits approvals of a quorum),
+    and write its audit row."""
     assert call.arguments is not None
     await store.insert(conn, approval)
-    await calls.set_state(
-        conn, call.id, "approved" if approval.decision == "approve" else "rejected"
-    )
+    if moves_to is not None:
+        await calls.set_state(conn, call.id, moves_to)
     await append(
         conn,
         AuditEvent(
@@ -262,6 +274,7 @@ async def inbox(
             "status": row.status,
             "taint": row.taint or [],
             "summary": _summary(tool, row.arguments),
+            "approvals": f"{row.given}/{rules.quorum(tool)}",
         }
         if row.endorsement:
             item["endorsement"] = row.endorsement

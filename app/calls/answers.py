@@ -216,6 +216,9 @@ class CallHistory(BaseModel):
     dry_runs_total: int
     """How many previews the call keeps in all (its newest 10, and those an approver
     decided on)."""
+    approvals: str | None = None
+    """For a tool with approvers: how many agree on the call's latest approval, of how many
+    it needs (``approval.quorum``), as ``k/N``."""
     approval: CallApproval | None
     executions: list[CallExecution]
     timings: CallTimings

@@ -108,6 +108,8 @@ async def valid_approval(
                 decided = await approvals.of_call(conn, call_id)
                 approval = decided[-1] if decided else None
         dry_run = await store.latest_dry_run(conn, approval.call_id) if approval else None
+        needed = rules.quorum(call.tool)
+        decided = await approvals.of_call(conn, approval.call_id) if approval and needed > 1 else []
     presented = rules.Presented(
         tenant=principal.tenant,
         named=approval_id is not None,
@@ -115,10 +117,12 @@ async def valid_approval(
         current=binding(authorized, dry_run),
         older_preview=dry_run_id is not None and (dry_run is None or dry_run.id != dry_run_id),
     )
-    approval = rules.usable(approval, presented, datetime.now(UTC))
+    now = datetime.now(UTC)
+    approval = rules.usable(approval, presented, now)
     if call.tool.require_dry_run:
         _check_fresh(dry_run)
-    return rules.unused(approval)
+    approval = rules.unused(approval)
+    return rules.quorate(approval, decided, needed, now) if needed > 1 else approval
 
 
 async def _refuse_used(state: AppState, approval: ApprovalRow) -> None:

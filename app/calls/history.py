@@ -151,6 +151,14 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
     call, dry_runs, decided, executions, events = record
     proposal, deciding = _proposal(state, principal, call)
     latest = decided[-1] if decided else None
+    tool = state.catalog.tools.get(call.tool)
+    agreed: frozenset[str] = frozenset()
+    previewed = dry_runs.rows[-1].snapshot_hash if dry_runs.rows else None
+    if latest is not None and latest.decision == "approve" and previewed == latest.snapshot_hash:
+        agreed = rules.agreeing(latest, decided, datetime.now(UTC))  # else: a stale approval
+    approvals_given = None
+    if tool is not None and tool.approval is not None:
+        approvals_given = f"{len(agreed)}/{rules.quorum(tool)}"
     return {
         "call_id": call.id,
         "tool": call.tool,
@@ -159,7 +167,7 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "run_id": call.run_id,
         "tool_call_id": call.tool_call_id,
         "state": call.state,
-        "may_decide": deciding,
+        "may_decide": deciding and principal.sub not in agreed,  # a quorum's others
         "proposal": proposal,
         "decisions": [
             # The audit columns a history shows, read as such (``audit.of_call``).
@@ -169,6 +177,7 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "decisions_total": events.total,
         "dry_runs": [_dry_run(d) for d in dry_runs.rows],
         "dry_runs_total": dry_runs.total,
+        "approvals": approvals_given,
         "approval": None
         if latest is None
         else {

@@ -34,6 +34,7 @@ from app.calls.policy import PreparedCall
 from app.calls.results import classify, result_body
 from app.calls.states import Outcome
 from app.catalog.models import Tool
+from app.consent import rules
 from app.consent import store as approvals
 from app.consent.models import ApprovalRow
 from app.errors import (
@@ -433,7 +434,7 @@ class Execution:
                             "the original request with this key is still running"
                         )
                     if approval is not None and not await approvals.consume(
-                        conn, approval.id, record.operation_id
+                        conn, approval.id, record.operation_id, rules.quorum(call.tool)
                     ):
                         raise ApprovalConsumed("the approval was used by another execution")
                     if rechecked is not None:

@@ -45,6 +45,7 @@ from app.calls.results import classify, result_body
 from app.calls.states import FINAL, OUTCOMES, SETTLED, CallState, Outcome
 from app.canonical import digest
 from app.catalog.models import Catalog
+from app.consent import rules
 from app.consent import store as approvals
 from app.db import Connection, Writer
 from app.errors import (
@@ -266,7 +267,7 @@ async def _use_read_approval(
         )
         async with state.db.transaction() as conn:
             await store.set_state(conn, call_id, "executing")  # locks the call's row
-            if not await approvals.consume(conn, approval.id, call_id):
+            if not await approvals.consume(conn, approval.id, call_id, rules.quorum(call.tool)):
                 raise ApprovalConsumed("the approval was used by another execution")
     except ToolgateError as error:
         await record_refusal(

@@ -231,7 +231,12 @@ def _approval(
         elif approver != ACTOR and not re.fullmatch(r"role:[^\s:]+", approver):
             source.problem((*where, "approvers", i), "approvers are 'actor' or 'role:<name>'")
         approvers.append(approver)
-    if ACTOR in approvers and (impact == "high" or program is not None):
+    if ACTOR in approvers and spec.quorum > 1:
+        source.problem(
+            (*where, "quorum"),
+            "a quorum is of people other than the call's actor: list only roles in approvers",
+        )
+    elif ACTOR in approvers and (impact == "high" or program is not None):
         source.warning(
             (*where, "approvers"),
             "the actor may approve their own high-impact call: list only roles to need a"

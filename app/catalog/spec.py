@@ -70,6 +70,9 @@ class ApprovalSpec(_Spec):
     """Before an approved call runs, preview it again; if the preview changed since the
     approval, the call does not run (approval_stale). Default: true when the tool has a
     dry_run (which it needs)."""
+    quorum: int = Field(default=1, ge=1, le=10)
+    """Distinct approvers who must each approve the same preview before the call runs (never
+    the call's actor); a rejection by any one of them is final."""
     summary: list[str] = Field(default=[], max_length=8)
     """Arguments whose values the approvers' inbox shows beside each request, so that two
     requests of one tool can be told apart at a glance (``[amount, currency]``); never an

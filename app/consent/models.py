@@ -113,6 +113,8 @@ class InboxRow:
     status: str
     taint: list[dict[str, str]] | None
     endorsement: list[dict[str, Any]] | None
+    given: int
+    """Approvers who approved its preview (live, or used by its execution)."""
 
     @property
     def target(self) -> dict[str, str] | None:

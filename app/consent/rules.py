@@ -62,14 +62,16 @@ def decidable(approver: Principal, tools: Mapping[str, Tool]) -> Decidable:
     )
 
 
-def repeated(new: ApprovalRow, started: bool, standing: list[ApprovalRow]) -> ApprovalRow | None:
+def repeated(
+    new: ApprovalRow, started: bool, standing: list[ApprovalRow], quorum: int = 1
+) -> ApprovalRow | None:
     """The stored decision that ``new`` repeats (a double click gets the first one's answer),
-    or ``None`` when ``new`` may be stored. A call is decided once: it holds at most one live
-    approval, a rejection is final, and a call that has run or is running (``started``) is
-    not decided again. ``standing`` must be read under the call's lock, so concurrent
-    decisions take turns. An unused approval of another preview than ``new``'s no longer
-    stands: the world changed since (a stale approval), and it can only run if the latest
-    preview is its own again."""
+    or ``None`` when ``new`` may be stored. A call is decided once: it holds at most
+    ``quorum`` live approvals, each by another approver, a rejection is final, and a call
+    that has run or is running (``started``) is not decided again. ``standing`` must be read
+    under the call's lock, so concurrent decisions take turns. An unused approval of another
+    preview than ``new``'s no longer stands: the world changed since (a stale approval), and
+    it can only run if the latest preview is its own again."""
     if started or any(a.consumed_by is not None for a in standing):
         raise ApprovalConsumed(
             "this call has already been executed; it cannot be decided again", call_id=new.call_id
@@ -79,16 +81,50 @@ def repeated(new: ApprovalRow, started: bool, standing: list[ApprovalRow]) -> Ap
         for a in standing
         if a.decision == "reject" or a.snapshot_hash == new.binding.snapshot_hash
     ]
-    if not standing:
-        return None
-    prior = standing[0]
-    if (prior.approver, prior.decision, prior.binding) == (new.approver, new.decision, new.binding):
-        return prior
-    if prior.decision == "reject":
-        raise ApprovalRejected("this call was rejected; a rejection is final", call_id=new.call_id)
-    raise ApprovalConsumed(
-        "this call already holds a live approval; it can be decided again once that expires",
-        call_id=new.call_id,
+    decided = [a for a in standing if a.decision == "reject" or a.approver == new.approver]
+    prior = decided[0] if decided else None
+    if prior is not None:
+        if (prior.approver, prior.decision, prior.binding) == (
+            new.approver,
+            new.decision,
+            new.binding,
+        ):
+            return prior
+        if prior.decision == "reject":
+            raise ApprovalRejected(
+                "this call was rejected; a rejection is final", call_id=new.call_id
+            )
+        raise ApprovalConsumed(
+            "you have already decided this call; it can be decided again once that expires",
+            call_id=new.call_id,
+        )
+    if len(standing) >= quorum:
+        raise ApprovalConsumed(
+            "this call already holds its live approvals; it can be decided again once they expire",
+            call_id=new.call_id,
+        )
+    return None
+
+
+def quorum(tool: Tool) -> int:
+    """How many approvers must agree for a call of ``tool`` to run."""
+    return tool.approval.quorum if tool.approval is not None else 1
+
+
+def agreeing(approval: ApprovalRow, decided: list[ApprovalRow], now: datetime) -> frozenset[str]:
+    """The approvers of a call's ``decided`` approvals that agree with ``approval``: bound to
+    exactly what it binds, and unused and live at ``now``, or used by the same execution.
+    What a quorum counts."""
+    return frozenset(
+        a.approver
+        for a in decided
+        if a.decision == "approve"
+        and a.binding == approval.binding
+        and (
+            a.consumed_by == approval.consumed_by
+            if approval.consumed_by is not None
+            else a.consumed_by is None and a.expires_at > now
+        )
     )
 
 
@@ -139,6 +175,23 @@ def usable(approval: ApprovalRow | None, presented: Presented, now: datetime) ->
         raise ApprovalMismatch(
             "the approval was given for something else: " + ", ".join(mismatch),
             mismatch=mismatch,
+        )
+    return approval
+
+
+def quorate(
+    approval: ApprovalRow, decided: list[ApprovalRow], needed: int, now: datetime
+) -> ApprovalRow:
+    """``approval`` if enough of its call's ``decided`` approvals agree with it (``agreeing``):
+    with a quorum, one approval of several lets nothing run."""
+    if any(a.decision == "reject" for a in decided):
+        raise ApprovalRejected("an approver rejected this call", call_id=approval.call_id)
+    given = len(agreeing(approval, decided, now))
+    if given < needed:
+        raise ApprovalRequired(
+            f"{given} of the {needed} approvals this call needs have been given",
+            call_id=approval.call_id,
+            approvals=f"{given}/{needed}",
         )
     return approval
 

@@ -41,33 +41,46 @@ async def standing(conn: Connection, call_id: str) -> list[ApprovalRow]:
     return [ApprovalRow(**dict(r)) for r in rows]
 
 
-async def consume(conn: Connection, approval_id: str, operation_id: str) -> bool:
-    """Use the approval for ``operation_id``: only if it is approved, unexpired and unused,
-    and its call was neither rejected nor run on another approval. The caller has moved the
-    call to executing in this transaction, which locks the call's row: two executions of
-    one call take turns, and the second sees the first's consumption here."""
+async def consume(conn: Connection, approval_id: str, operation_id: str, quorum: int) -> bool:
+    """Use the approval for ``operation_id``, with every approval of its call that agrees
+    with it (bound to the same, by other approvers: ``rules.repeated`` keeps one each), and
+    only if they are ``quorum`` or more, each approved, unexpired and unused, and the call
+    was neither rejected nor run on other approvals. The caller has moved the call to
+    executing in this transaction, which locks the call's row: two executions of one call
+    take turns, and the second sees the first's consumption here."""
     status = await conn.execute(
         """
+        WITH agreeing AS (
+            SELECT other.id FROM approvals chosen JOIN approvals other
+              ON other.call_id = chosen.call_id AND other.decision = 'approve'
+             AND other.consumed_by IS NULL AND other.expires_at > now()
+             AND other.fingerprint = chosen.fingerprint
+             AND other.snapshot_hash IS NOT DISTINCT FROM chosen.snapshot_hash
+             AND other.policy_version = chosen.policy_version
+            WHERE chosen.id = $1 AND chosen.decision = 'approve'
+              AND chosen.consumed_by IS NULL AND chosen.expires_at > now()
+              AND NOT EXISTS (
+                  SELECT 1 FROM approvals used
+                  WHERE used.call_id = chosen.call_id
+                    AND (used.decision = 'reject' OR used.consumed_by IS NOT NULL)
+              )
+        )
         UPDATE approvals SET consumed_by = $2, consumed_at = now()
-        WHERE id = $1 AND consumed_by IS NULL AND decision = 'approve' AND expires_at > now()
-          AND NOT EXISTS (
-              SELECT 1 FROM approvals other
-              WHERE other.call_id = approvals.call_id AND other.id <> approvals.id
-                AND (other.decision = 'reject' OR other.consumed_by IS NOT NULL)
-          )
+        WHERE id IN (SELECT id FROM agreeing) AND (SELECT count(*) FROM agreeing) >= $3
         """,
         approval_id,
         operation_id,
+        quorum,
     )
-    return bool(status.endswith(" 1"))
+    return int(status.rsplit(" ", 1)[1]) >= quorum
 
 
 async def release(conn: Connection, approval_id: str, operation_id: str) -> None:
-    """Give the approval back when its execution certainly never reached the provider (by
-    its id: nothing indexes ``consumed_by``)."""
+    """Give the approvals back when their execution certainly never reached the provider
+    (by the call of ``approval_id``: nothing indexes ``consumed_by``)."""
     await conn.execute(
         "UPDATE approvals SET consumed_by = NULL, consumed_at = NULL"
-        " WHERE id = $1 AND consumed_by = $2",
+        " WHERE call_id = (SELECT call_id FROM approvals WHERE id = $1) AND consumed_by = $2",
         approval_id,
         operation_id,
     )
@@ -143,6 +156,12 @@ _INBOX = {
         FROM calls c {_LATEST_DRY_RUN}
         WHERE c.tenant = $1 AND c.state = 'awaiting_approval' AND c.pending_until > now()
           AND {_DECIDABLE}
+          AND NOT EXISTS (
+              SELECT 1 FROM approvals mine
+              WHERE mine.call_id = c.id AND mine.approver = $5 AND mine.decision = 'approve'
+                AND mine.consumed_by IS NULL AND mine.expires_at > now()
+                AND mine.snapshot_hash IS NOT DISTINCT FROM d.snapshot_hash
+          )
     """,
     **{
         status: f"""
@@ -165,11 +184,16 @@ async def inbox(
     limit: int,
 ) -> list[InboxRow]:
     """One page of the tenant's approval requests in ``status`` that ``decidable`` admits,
-    newest first."""
+    newest first, each with how many approvers agree on its preview (``given``). A pending
+    request the approver already approved (one of a quorum) is not theirs to decide again."""
     rows = await conn.fetch(
         f"""
         SELECT id, tool, actor, tenant, target_type, target_id, arguments, impact, snapshot,
-               snapshot_hash, requested_at, expires_at, status, taint, endorsement
+               snapshot_hash, requested_at, expires_at, status, taint, endorsement,
+               (SELECT count(DISTINCT x.approver) FROM approvals x
+                WHERE x.call_id = page.id AND x.decision = 'approve'
+                  AND x.snapshot_hash IS NOT DISTINCT FROM page.snapshot_hash
+                  AND (x.consumed_by IS NOT NULL OR x.expires_at > now())) AS given
         FROM ({_INBOX[status]}) page
         WHERE (requested_at, id) < (coalesce($2::timestamptz, 'infinity'), $3)
         ORDER BY requested_at DESC, id DESC LIMIT $4

@@ -243,6 +243,7 @@ function inboxTable(items) {
           el("span", { class: "badge", title: found.reason || "" }, `${found.argument} unendorsed`),
         ),
         warnings(item.snapshot).length ? el("span", { class: "badge alarm" }, "warning") : null,
+        quorum(item.approvals) ? el("span", { class: "badge quorum" }, `${item.approvals} approvals`) : null,
       ),
       el("td", {}, item.actor),
       el("td", {}, target(item.target)),
@@ -507,14 +508,26 @@ function changes(before, after) {
   );
 }
 
+// "k/N" when a call needs several approvers (approval.quorum), else null.
+function quorum(approvals) {
+  return approvals && !approvals.endsWith("/1") ? approvals : null;
+}
+
 function decisionBox(call, latest) {
+  const agreed = quorum(call.approvals);
+  const [given, needed] = agreed ? agreed.split("/") : [];
+  const awaited = agreed
+    ? el("p", { id: "quorum" }, `${given} of the ${needed} approvers it needs have approved this preview; it runs once all ${needed} have.`)
+    : null;
   if (!call.may_decide) {
     const approval = call.approval;
     if (!approval) return null;
+    const partly = approval.decision === "approve" && call.state === "awaiting_approval";
     return el(
       "div",
       { class: "card", id: "decided" },
-      el("h2", {}, approval.decision === "approve" ? "Approved" : "Rejected"),
+      el("h2", {}, approval.decision !== "approve" ? "Rejected" : partly ? `Approved by ${given} of ${needed}` : "Approved"),
+      awaited,
       el("p", {}, `by ${approval.approver} at ${when(approval.created_at)}`),
       approval.comment ? el("p", {}, `“${approval.comment}”`) : null,
       approval.decision === "approve"
@@ -561,7 +574,7 @@ function decisionBox(call, latest) {
           "p",
           { class: "done", role: "status" },
           decision === "approve"
-            ? `Approved (${answer.approval_id}), valid until ${when(answer.expires_at)}.`
+            ? `Approved (${answer.approval_id}${quorum(answer.approvals) ? `, ${answer.approvals} approvers` : ""}), valid until ${when(answer.expires_at)}.`
             : "Rejected.",
         ),
       );
@@ -601,6 +614,7 @@ function decisionBox(call, latest) {
       shownHash ? ` (snapshot ${shownHash.slice(0, 19)}…)` : "",
       ". Any change to them needs a new approval.",
     ),
+    awaited,
     el("label", { for: "comment" }, "Comment"),
     comment,
     remember.map((choice) =>
