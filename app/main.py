@@ -24,6 +24,7 @@ from app import exposition, health, metrics, openapi, retention, telemetry
 from app.approvals import router as approvals
 from app.audit import router as audit
 from app.audit import sealer as audit_sealer
+from app.auth.oidc import Discovery
 from app.auth.tokens import TokenVerifier
 from app.calls import reconciler
 from app.calls import router as calls
@@ -88,6 +89,7 @@ async def open_state(settings: Settings) -> AppState:
         verifier=verifier,
         locks=locks,
         waiters=CallWaiters(),
+        discovery=Discovery(settings, outbound),
     )
 
 

@@ -65,6 +65,11 @@ class Settings:
     public_url: str | None = None
     """Where people reach this toolgate (``https://toolgate.example.com``, a path prefix
     allowed): links to the console in webhooks are built from it; unset, they are null."""
+    oidc_issuer: str | None = None
+    """The OpenID provider the console signs approvers in with (``TOOLGATE_OIDC_ISSUER``,
+    with ``oidc_client_id``); its ID tokens are verified like any token."""
+    oidc_client_id: str | None = None
+    """The console's client id at ``oidc_issuer`` (a public client: no secret)."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The environment the settings came from; catalog ``${ENV}`` references resolve here."""
 
@@ -108,6 +113,13 @@ class Settings:
                 "TOOLGATE_IDEMPOTENCY_TTL_S must be a positive number of seconds, at most "
                 f"{MAX_TTL_S} (ten years)"
             )
+        issuer, audience = get("JWT_ISSUER"), get("JWT_AUDIENCE")
+        oidc_issuer, oidc_client = _oidc(get("OIDC_ISSUER"), get("OIDC_CLIENT_ID"), jwks_url)
+        if oidc_issuer is not None and issuer not in (None, oidc_issuer):
+            raise ConfigError(
+                "TOOLGATE_JWT_ISSUER differs from TOOLGATE_OIDC_ISSUER: the console's tokens"
+                " come from the OIDC issuer, and are verified as its"
+            )
         return cls(
             catalog_path=Path(get("CATALOG") or "catalog/"),
             database_url=_url("TOOLGATE_DATABASE_URL", get("DATABASE_URL")),
@@ -118,8 +130,8 @@ class Settings:
             jwt_public_key_file=_path(public_key),
             jwks_url=_jwks_url(jwks_url),
             jwt_algorithms=allowed,
-            jwt_issuer=get("JWT_ISSUER"),
-            jwt_audience=get("JWT_AUDIENCE"),
+            jwt_issuer=issuer or oidc_issuer,
+            jwt_audience=audience or oidc_client,
             tenant_claim=get("TENANT_CLAIM") or "tid",
             roles_claim=get("ROLES_CLAIM") or "roles",
             auditor_role=get("AUDITOR_ROLE") or "auditor",
@@ -133,6 +145,8 @@ class Settings:
             webhook_retention_days=retention["WEBHOOK_RETENTION_DAYS"],
             cors_origins=_origins(get("CORS_ORIGINS")),
             public_url=_public_url(get("PUBLIC_URL")),
+            oidc_issuer=oidc_issuer,
+            oidc_client_id=oidc_client,
             env=dict(env),
         )
 
@@ -286,6 +300,35 @@ def _jwks_url(value: str | None) -> str | None:
         "TOOLGATE_JWKS_URL must be an https:// URL (plain http:// only to localhost or a "
         "loopback address): keys fetched in the clear can be swapped by anyone on the way"
     )
+
+
+def _oidc(
+    issuer: str | None, client_id: str | None, jwks_url: str | None
+) -> tuple[str | None, str | None]:
+    """The OIDC issuer and client id, both or neither. The issuer is an ``https://`` URL
+    (plain ``http://`` only to this machine), written as the provider writes it in its
+    tokens; its ID tokens are verified through ``TOOLGATE_JWKS_URL``, which must be set,
+    with that issuer and the client id as their audience (unless set otherwise)."""
+    if issuer is None and client_id is None:
+        return None, None
+    if issuer is None or client_id is None:
+        raise ConfigError("set both TOOLGATE_OIDC_ISSUER and TOOLGATE_OIDC_CLIENT_ID, or neither")
+    url = _url("TOOLGATE_OIDC_ISSUER", issuer, ("https", "http"), host=True)
+    assert url is not None
+    parts = urlsplit(url)
+    if parts.query or parts.fragment or not (parts.scheme == "https" or loopback(parts.hostname)):
+        raise ConfigError(
+            "TOOLGATE_OIDC_ISSUER must be an https:// URL without query or fragment (plain"
+            " http:// only to localhost or a loopback address)"
+        )
+    if jwks_url is None:
+        raise ConfigError(
+            "TOOLGATE_OIDC_ISSUER needs TOOLGATE_JWKS_URL, the issuer's key set: the console's"
+            " tokens are verified like any other"
+        )
+    if not client_id.isascii() or not client_id.isprintable() or len(client_id) > 200:
+        raise ConfigError("TOOLGATE_OIDC_CLIENT_ID must be printable ASCII, at most 200 characters")
+    return url, client_id
 
 
 def loopback(host: str | None) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from app.auth.oidc import Discovery
 from app.auth.tokens import TokenVerifier
 from app.calls.waiting import CallWaiters
 from app.catalog.models import Catalog
@@ -28,6 +29,8 @@ class AppState:
     locks: Locks
     waiters: CallWaiters
     """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
+    discovery: Discovery
+    """The OpenID provider the console signs approvers in with, if one is configured."""
     trusted: TrustedTexts = field(default_factory=TrustedTexts)
     """The trusted results of the runs this process judged last (to endorse values by)."""
     reloading: asyncio.Lock = field(default_factory=asyncio.Lock)

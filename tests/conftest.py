@@ -277,15 +277,16 @@ async def app(settings: Settings, redis_url: str) -> AsyncIterator[Any]:
 
 @asynccontextmanager
 async def served(app: Any, **options: Any) -> AsyncIterator[str]:
-    """``app`` behind a real uvicorn on a free local port (its lifespan must already run),
-    with uvicorn's ``options`` (``http=`` a protocol class, say); yields its base URL."""
-    port = free_port()
+    """``app`` behind a real uvicorn on a free local port (or ``port=``; its lifespan must
+    already run), with uvicorn's ``options`` (``http=`` a protocol class, say); yields its
+    base URL."""
     defaults: dict[str, Any] = {
         "host": "127.0.0.1",
-        "port": port,
+        "port": options.get("port") or free_port(),
         "lifespan": "off",
         "log_level": "warning",
     }
+    port = (defaults | options)["port"]
     server = uvicorn.Server(uvicorn.Config(app, **(defaults | options)))
     task = asyncio.create_task(server.serve())
     try:

@@ -555,6 +555,41 @@ def test_a_jwks_url_is_https_or_on_this_machine(url: str) -> None:
     assert Settings.from_env({"TOOLGATE_JWKS_URL": url}).jwks_url == url
 
 
+OIDC = {
+    "TOOLGATE_JWKS_URL": "https://login.example/jwks",
+    "TOOLGATE_OIDC_ISSUER": "https://login.example",
+    "TOOLGATE_OIDC_CLIENT_ID": "toolgate-console",
+}
+
+
+def test_console_sign_in_verifies_the_issuers_tokens_for_the_console() -> None:
+    settings = Settings.from_env(OIDC)
+    assert (settings.jwt_issuer, settings.jwt_audience) == (
+        "https://login.example",
+        "toolgate-console",
+    )
+    api = Settings.from_env({**OIDC, "TOOLGATE_JWT_AUDIENCE": "https://api.example"})
+    assert api.jwt_audience == "https://api.example"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"TOOLGATE_OIDC_CLIENT_ID": ""}, "both TOOLGATE_OIDC_ISSUER and"),
+        ({"TOOLGATE_JWKS_URL": ""}, "needs TOOLGATE_JWKS_URL"),
+        ({"TOOLGATE_OIDC_ISSUER": "http://login.example"}, "must be an https:// URL"),
+        ({"TOOLGATE_OIDC_ISSUER": "https://login.example/?x=1"}, "without query"),
+        ({"TOOLGATE_JWT_ISSUER": "https://other.example"}, "differs from TOOLGATE_OIDC_ISSUER"),
+        ({"TOOLGATE_OIDC_CLIENT_ID": "a\tb"}, "printable ASCII"),
+    ],
+)
+def test_console_sign_in_is_refused_unless_it_can_be_verified(
+    changes: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({**OIDC, **changes})
+
+
 @pytest.mark.parametrize(
     "roles",
     [

@@ -1,9 +1,13 @@
 // The toolgate console: pages for approvers and auditors over the public API.
 //
 // Rules this file keeps:
-// - The bearer token lives in sessionStorage only (from the sign-in form or the address's
-//   #token=… fragment, which is removed at once); it is sent only in the Authorization
-//   header, to this origin.
+// - The bearer token lives in sessionStorage only (from the organisation's sign-in, the
+//   sign-in form or the address's #token=… fragment, which is removed at once); it is sent
+//   only in the Authorization header, to this origin.
+// - Sign-in with the OpenID provider (when toolgate has one): the authorization-code flow
+//   with PKCE (S256), state and nonce, as a public client. The code leaves the address as
+//   soon as the page reads it, and is redeemed once, for an ID token that toolgate verifies
+//   on every call; the page goes back only to a console page it started from.
 // - Every value from the API reaches the page as text (textContent, never innerHTML), so a
 //   tool argument holding markup or script is shown, never run; an invisible character in it
 //   (a bidi override, a zero-width space) is shown as a visible marker, never applied.
@@ -13,6 +17,8 @@
 //   endorses a value; the page never repeats a value in it.
 
 const TOKEN_KEY = "toolgate.token";
+const SIGNIN_KEY = "toolgate.signin"; // {state, nonce, verifier, returnTo} while the provider has the tab
+const EXPIRED_KEY = "toolgate.expired"; // the page to return to after a session ran out
 const REFRESH_MS = 5000;
 const main = document.getElementById("main");
 
@@ -64,6 +70,7 @@ async function api(path, options = {}) {
   });
   if (response.status === 401) {
     sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.setItem(EXPIRED_KEY, returnPath(location.pathname));
     render();
     throw new Problem(401, { detail: "your token was refused; sign in again" });
   }
@@ -174,7 +181,127 @@ function table(headings, rows, empty) {
 
 // ---- sign-in -----------------------------------------------------------------------------
 
-function signIn() {
+let provider; // undefined: not asked yet; null: toolgate has none; else how to sign in
+
+async function signInProvider() {
+  if (provider === undefined) {
+    const response = await fetch("/console/config", { cache: "no-store", credentials: "omit" });
+    if (!response.ok) throw new Problem(response.status, await response.json().catch(() => null));
+    provider = (await response.json()).oidc;
+  }
+  return provider;
+}
+
+function base64url(bytes) {
+  return btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+function randomText(length) {
+  return base64url(crypto.getRandomValues(new Uint8Array(length)));
+}
+
+async function s256(text) {
+  return base64url(new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text))));
+}
+
+function redirectUri() {
+  return `${location.origin}/console/callback`;
+}
+
+/** A console page to come back to: never another site, never the callback itself. */
+function returnPath(path) {
+  const page = /^\/console(\/audit|\/calls\/[A-Za-z0-9_-]+)?$/;
+  return page.test(path) ? path : "/console";
+}
+
+async function startSignIn(oidc, returnTo) {
+  const pending = { state: randomText(32), nonce: randomText(32), verifier: randomText(48), returnTo: returnPath(returnTo) };
+  sessionStorage.setItem(SIGNIN_KEY, JSON.stringify(pending));
+  const url = new URL(oidc.authorization_endpoint);
+  for (const [name, value] of Object.entries({
+    response_type: "code",
+    client_id: oidc.client_id,
+    redirect_uri: redirectUri(),
+    scope: "openid",
+    state: pending.state,
+    nonce: pending.nonce,
+    code_challenge: await s256(pending.verifier),
+    code_challenge_method: "S256",
+  })) {
+    url.searchParams.set(name, value);
+  }
+  location.assign(url.toString());
+}
+
+/** Back from the provider (/console/callback): redeem the code for the sign-in this tab
+ * started, or refuse; either way the code leaves the address first. */
+async function finishSignIn() {
+  const answer = new URLSearchParams(location.search);
+  history.replaceState(null, "", "/console/callback");
+  const pending = JSON.parse(sessionStorage.getItem(SIGNIN_KEY) || "null");
+  sessionStorage.removeItem(SIGNIN_KEY);
+  const refuse = (why) => {
+    throw Object.assign(new Error(why), { code: "sign-in refused" });
+  };
+  if (!pending || !answer.get("state") || answer.get("state") !== pending.state) {
+    refuse("this answer is not for a sign-in this tab started (its state differs). Sign in again.");
+  }
+  if (answer.get("error")) refuse(`the provider answered ${answer.get("error")}. Sign in again.`);
+  const oidc = await signInProvider();
+  if (!oidc || !answer.get("code")) refuse("the provider's answer holds no code.");
+  const response = await fetch(oidc.token_endpoint, {
+    method: "POST",
+    headers: { "content-type": "application/x-www-form-urlencoded" },
+    body: new URLSearchParams({
+      grant_type: "authorization_code",
+      code: answer.get("code"),
+      redirect_uri: redirectUri(),
+      client_id: oidc.client_id,
+      code_verifier: pending.verifier,
+    }),
+    cache: "no-store",
+    credentials: "omit",
+  });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok || typeof body.id_token !== "string") {
+    refuse(`the provider gave no token (${body.error || response.status}).`);
+  }
+  const c = claims(body.id_token);
+  const audience = Array.isArray(c.aud) ? c.aud : [c.aud];
+  if (c.nonce !== pending.nonce || c.iss !== oidc.issuer || !audience.includes(oidc.client_id)) {
+    refuse("the token is not for this sign-in (its nonce, issuer or audience differs).");
+  }
+  sessionStorage.setItem(TOKEN_KEY, body.id_token);
+  sessionStorage.removeItem(EXPIRED_KEY);
+  history.replaceState(null, "", pending.returnTo);
+}
+
+async function signIn(notice) {
+  const returnTo = sessionStorage.getItem(EXPIRED_KEY) || location.pathname;
+  let oidc = null;
+  try {
+    oidc = await signInProvider();
+  } catch (error) {
+    notice = notice || problemBox(Object.assign(error, { code: "sign-in unavailable" }));
+  }
+  const expired = sessionStorage.getItem(EXPIRED_KEY)
+    ? el("p", { class: "problem", role: "alert", id: "expired" }, "Your session has ended (the token expired or was refused). Sign in again to go back to the page you were on.")
+    : null;
+  const organisation = oidc
+    ? el(
+        "div",
+        { class: "card" },
+        el("h1", {}, "Sign in"),
+        expired,
+        notice || null,
+        el("p", {}, "Sign in with your organisation's account. toolgate keeps the token it gets in this browser tab only."),
+        el("button", { type: "button", id: "sign-in-oidc", onclick: () => startSignIn(oidc, returnTo) }, "Sign in with your organisation"),
+      )
+    : null;
+  pasteToken(organisation ? null : [expired, notice || null], organisation);
+}
+
+function pasteToken(notices, before) {
   const input = el("textarea", {
     id: "token",
     rows: 4,
@@ -194,7 +321,8 @@ function signIn() {
         render();
       },
     },
-    el("h1", {}, "Sign in"),
+    el("h1", {}, before ? "Or use a token" : "Sign in"),
+    notices,
     el(
       "p",
       {},
@@ -205,8 +333,8 @@ function signIn() {
     input,
     el("button", { type: "submit", id: "sign-in" }, "Sign in"),
   );
-  show(form);
-  input.focus();
+  show(...[before, form].filter(Boolean));
+  if (!before) input.focus();
 }
 
 // ---- the approver's inbox ----------------------------------------------------------------
@@ -784,16 +912,30 @@ function auditRow(item) {
 
 // ---- routing -----------------------------------------------------------------------------
 
-function render() {
+async function render() {
   clearInterval(refreshTimer);
-  const value = token();
   const who = document.getElementById("who");
   const signOut = document.getElementById("sign-out");
+  let notice = null;
+  if (location.pathname === "/console/callback") {
+    try {
+      await finishSignIn();
+    } catch (error) {
+      notice = problemBox(error);
+      history.replaceState(null, "", "/console");
+    }
+  }
+  const value = token();
   if (!value) {
     who.textContent = "";
     signOut.hidden = true;
-    signIn();
+    await signIn(notice);
     return;
+  }
+  const back = sessionStorage.getItem(EXPIRED_KEY);
+  if (back) {
+    sessionStorage.removeItem(EXPIRED_KEY);
+    history.replaceState(null, "", returnPath(back)); // signed in again: back where it ran out
   }
   const c = claims(value);
   const roles = Array.isArray(c.roles) ? c.roles.join(", ") : "";
@@ -808,6 +950,7 @@ function render() {
 
 document.getElementById("sign-out").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(EXPIRED_KEY);
   render();
 });
 takeTokenFromFragment();
