@@ -59,6 +59,7 @@ from app.errors import (
 )
 from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
+from app.runs import service as runs
 from app.state import AppState
 from app.webhooks import store as webhooks
 
@@ -197,7 +198,7 @@ async def _read(
     approved = authorized.decision.impact == "high"
     if approved:
         await _use_read_approval(state, authorized, existing, call_id, approval_id, dry_run_id)
-    if request.run_id is not None:
+    if request.run_id is not None and not await _admitted_at_once(state, authorized, existing):
         async with state.db.transaction() as conn:
             # An approved read is the call its proposal counted, now executing.
             counted = not approved and await counts_as_call(conn, existing)
@@ -246,6 +247,24 @@ async def _read(
             "the provider did not give a usable answer", call_id=call_id, status="unknown"
         )
     return answer
+
+
+async def _admitted_at_once(
+    state: AppState, authorized: Authorized, existing: CallRow | None
+) -> bool:
+    """A new read in a run (no call named, no approval), admitted in one statement when the
+    run allows it; anything else (or a refusal) is decided in a transaction."""
+    if existing is not None or authorized.decision.impact == "high":
+        return False
+    assert authorized.run_id is not None
+    async with state.db.connection() as conn:
+        return await runs.admit_at_once(
+            conn,
+            authorized.principal,
+            authorized.run_id,
+            authorized.call.fingerprint,
+            authorized.tool.cost,
+        )
 
 
 async def _use_read_approval(

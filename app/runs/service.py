@@ -87,6 +87,16 @@ async def visible(
     return run
 
 
+async def admit_at_once(
+    conn: Connection, principal: Principal, run_id: str, fingerprint: str, cost: float
+) -> bool:
+    """Count one new call against the principal's own run in one statement, when nothing
+    stops it (``store.admit_at_once``); ``False``: ``admit`` must decide, under the lock."""
+    return await store.admit_at_once(
+        conn, run_id, principal.tenant, principal.sub, fingerprint, cost
+    )
+
+
 async def admit(
     conn: Connection,
     principal: Principal,

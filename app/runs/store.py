@@ -25,18 +25,40 @@ async def get(conn: Connection, run_id: str, *, lock: bool = False) -> RunRow | 
     return RunRow(**dict(row)) if row else None
 
 
+_ADMIT = """
+    UPDATE runs SET calls = calls + $2, cost = cost + $3, updated_at = now()
+    WHERE id = $1 AND status = 'active'
+      AND calls + $2 <= max_calls AND cost + $3 <= max_cost AND failures < max_failures
+      AND now() <= created_at + make_interval(secs => max_seconds)
+"""
+
+
 async def admit(conn: Connection, run_id: str, calls: int, cost: float) -> bool:
     """Count ``calls`` more calls and ``cost`` more units if every limit still holds."""
+    status = await conn.execute(_ADMIT, run_id, calls, cost)
+    return bool(status.endswith(" 1"))
+
+
+async def admit_at_once(
+    conn: Connection, run_id: str, tenant: str, actor: str, fingerprint: str, cost: float
+) -> bool:
+    """``admit`` one new call of ``actor``'s own run in one statement, if every limit holds
+    and the same call has not failed or come back empty ``max_repeats`` times: the common
+    case of a call in a run. ``False`` says only that it did not; the caller then decides
+    under the run's lock why."""
     status = await conn.execute(
-        """
-        UPDATE runs SET calls = calls + $2, cost = cost + $3, updated_at = now()
-        WHERE id = $1 AND status = 'active'
-          AND calls + $2 <= max_calls AND cost + $3 <= max_cost AND failures < max_failures
-          AND now() <= created_at + make_interval(secs => max_seconds)
+        _ADMIT
+        + """
+      AND tenant = $4 AND actor = $5
+      AND coalesce((SELECT count FROM run_repeats WHERE run_id = $1 AND fingerprint = $6), 0)
+          < max_repeats
         """,
         run_id,
-        calls,
+        1,
         cost,
+        tenant,
+        actor,
+        fingerprint,
     )
     return bool(status.endswith(" 1"))
 
