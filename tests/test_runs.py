@@ -137,6 +137,24 @@ async def test_parallel_calls_never_overspend_max_calls(flow: Flow) -> None:
     assert sorted(r.status_code for r in responses) == [200] * 5 + [429] * 15
 
 
+async def read(flow: Flow, run_id: str, order: str = "ord_1", **who: str) -> httpx.Response:
+    body = {"tool": "get_order", "arguments": {"order_id": order}, "run_id": run_id}
+    return await flow.post("/execute", body, who or None)
+
+
+async def test_reads_in_a_run_are_admitted_within_its_limits_and_only_in_ones_own_run(
+    flow: Flow,
+) -> None:
+    """A read in a run is admitted in one statement when nothing stops it; whatever stops
+    it is still found: the run's limit under parallel reads, another user's run."""
+    run_id = await start_run(flow, max_calls=5)
+    responses = await asyncio.gather(*(read(flow, run_id) for _ in range(20)))
+    assert sorted(r.status_code for r in responses) == [200] * 5 + [429] * 15
+    assert (await run_state(flow, run_id))["status"] == "failed"  # by its max_calls
+    other = await read(flow, run_id, sub="erin", roles="support")
+    assert (other.status_code, other.json()["code"]) == (404, "not_found")
+
+
 async def test_cost_is_charged_per_execution_never_for_proposals_or_previews(
     flow: Flow, providers: Providers
 ) -> None:
