@@ -40,7 +40,7 @@ import pytest
 import redis.asyncio as redis
 import uvicorn
 from aiohttp import web
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser, Page, async_playwright
 
 from app.auth.tokens import mint
 from app.db import Database, migrate
@@ -316,6 +316,19 @@ async def browser() -> AsyncIterator[Browser]:
         launched = await playwright.chromium.launch(executable_path=executable)
         yield launched
         await launched.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    """A page of a fresh browser context (nothing carries over from another test, the
+    token in session storage included); the test fails if the page raised."""
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = await context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    await context.close()
+    assert errors == [], "the page raised"
 
 
 @pytest.fixture

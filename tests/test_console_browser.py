@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, expect
+from playwright.async_api import Page, expect
 
 from app.main import create_app
 from app.settings import Settings
@@ -32,31 +33,35 @@ SCRIPT = '<script>window.pwned = 1</script><img src="x" onerror="window.pwned = 
 
 
 @pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context(viewport={"width": 1280, "height": 900})
-    opened = await context.new_page()
-    errors: list[str] = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    yield opened
-    await context.close()
-    assert errors == [], "the page raised"
-
-
-@pytest.fixture
 def flow(client: httpx.AsyncClient, auth: Auth) -> Flow:
     return Flow(client, auth)
 
 
+@asynccontextmanager
+async def serving(
+    env: dict[str, str], directory: Path, files: dict[str, str]
+) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """Another toolgate, served, whose catalog is ``files`` (name → text) written into
+    ``directory``; yields its base URL and a client of it."""
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(directory)}))
+    async with (
+        application.router.lifespan_context(application),
+        served(application) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        yield url, client
+
+
 @pytest.fixture
 async def open_schema(env: dict[str, str], tmp_path: Path, clean: None) -> AsyncIterator[str]:
-    """Another toolgate, served, whose ``issue_refund`` takes arguments it does not declare
-    (its schema without ``additionalProperties: false``); yields its base URL."""
+    """Its ``issue_refund`` takes arguments it does not declare (its schema without
+    ``additionalProperties: false``); yields its base URL."""
     text = (ROOT / "catalog" / "demo.yaml").read_text()
     refund = text.index("  issue_refund:")
     opened = text[:refund] + text[refund:].replace("      additionalProperties: false\n", "", 1)
-    (tmp_path / "demo.yaml").write_text(opened)
-    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
-    async with application.router.lifespan_context(application), served(application) as url:
+    async with serving(env, tmp_path, {"demo.yaml": opened}) as (url, _):
         yield url
 
 
@@ -64,35 +69,26 @@ async def open_schema(env: dict[str, str], tmp_path: Path, clean: None) -> Async
 async def endorsing(
     env: dict[str, str], tmp_path: Path, catalog_dir: Path, clean: None
 ) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
-    """Another toolgate, served, whose bank endorses ``send_money``'s recipient (an
-    unendorsed one waits for an approver); yields its base URL and a client of it."""
-    (tmp_path / "demo.yaml").write_text((catalog_dir / "demo.yaml").read_text())
-    (tmp_path / "bank.yaml").write_text(ENDORSED.replace("MODE", "approve"))
-    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
-    async with (
-        application.router.lifespan_context(application),
-        served(application) as url,
-        httpx.AsyncClient(base_url=url) as client,
-    ):
-        yield url, client
+    """Its bank endorses ``send_money``'s recipient (an unendorsed one waits for an
+    approver)."""
+    files = {
+        "demo.yaml": (catalog_dir / "demo.yaml").read_text(),
+        "bank.yaml": ENDORSED.replace("MODE", "approve"),
+    }
+    async with serving(env, tmp_path, files) as started:
+        yield started
 
 
 @pytest.fixture
 async def two_person(
     env: dict[str, str], tmp_path: Path, catalog_dir: Path, clean: None
 ) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
-    """Another toolgate, served, whose refunds over 100.00 need two finance approvers
-    (``approval.quorum: 2``); yields its base URL and a client of it."""
+    """Its refunds over 100.00 need two finance approvers (``approval.quorum: 2``)."""
     refunds = 'approvers: ["role:finance_approver"], ttl_s: 300,'
     text = (catalog_dir / "demo.yaml").read_text()
-    (tmp_path / "demo.yaml").write_text(text.replace(refunds, refunds + " quorum: 2,"))
-    application = create_app(Settings.from_env({**env, "TOOLGATE_CATALOG": str(tmp_path)}))
-    async with (
-        application.router.lifespan_context(application),
-        served(application) as url,
-        httpx.AsyncClient(base_url=url) as client,
-    ):
-        yield url, client
+    files = {"demo.yaml": text.replace(refunds, refunds + " quorum: 2,")}
+    async with serving(env, tmp_path, files) as started:
+        yield started
 
 
 async def screenshot(page: Page, name: str, tmp_path: Path) -> None:

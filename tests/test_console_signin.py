@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import asyncpg
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, Route, expect
+from playwright.async_api import Page, Route, expect
 
 from app.main import create_app
 from app.settings import Settings
@@ -147,17 +147,6 @@ async def console_with_sign_in(
 async def console(env: dict[str, str]) -> AsyncIterator[Console]:
     async with console_with_sign_in(env) as started:
         yield started
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context(viewport={"width": 1280, "height": 900})
-    opened = await context.new_page()
-    errors: list[str] = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    yield opened
-    await context.close()
-    assert errors == [], "the page raised"
 
 
 def as_user(provider: Provider, sub: str) -> Any:
