@@ -43,15 +43,15 @@ async def standing(conn: Connection, call_id: str) -> list[ApprovalRow]:
 
 async def consume(conn: Connection, approval_id: str, operation_id: str, quorum: int) -> bool:
     """Use the approval for ``operation_id``, with every approval of its call that agrees
-    with it (bound to the same, by other approvers: ``rules.repeated`` keeps one each), and
-    only if they are ``quorum`` or more, each approved, unexpired and unused, and the call
+    with it (bound to the same; ``rules.repeated`` keeps one per approver), and only if
+    ``quorum`` approvers or more gave them, each approved, unexpired and unused, and the call
     was neither rejected nor run on other approvals. The caller has moved the call to
     executing in this transaction, which locks the call's row: two executions of one call
     take turns, and the second sees the first's consumption here."""
     status = await conn.execute(
         """
         WITH agreeing AS (
-            SELECT other.id FROM approvals chosen JOIN approvals other
+            SELECT other.id, other.approver FROM approvals chosen JOIN approvals other
               ON other.call_id = chosen.call_id AND other.decision = 'approve'
              AND other.consumed_by IS NULL AND other.expires_at > now()
              AND other.fingerprint = chosen.fingerprint
@@ -66,13 +66,14 @@ async def consume(conn: Connection, approval_id: str, operation_id: str, quorum:
               )
         )
         UPDATE approvals SET consumed_by = $2, consumed_at = now()
-        WHERE id IN (SELECT id FROM agreeing) AND (SELECT count(*) FROM agreeing) >= $3
+        WHERE id IN (SELECT id FROM agreeing)
+          AND (SELECT count(DISTINCT approver) FROM agreeing) >= $3
         """,
         approval_id,
         operation_id,
         quorum,
     )
-    return int(status.rsplit(" ", 1)[1]) >= quorum
+    return int(status.rsplit(" ", 1)[1]) > 0  # all of them, the chosen one among them, or none
 
 
 async def release(conn: Connection, approval_id: str, operation_id: str) -> None:
