@@ -253,18 +253,18 @@ async def _admitted_at_once(
     state: AppState, authorized: Authorized, existing: CallRow | None
 ) -> bool:
     """A new read in a run (no call named, no approval), admitted in one statement when the
-    run allows it; anything else (or a refusal) is decided in a transaction."""
+    run allows it, committed with concurrent admissions; anything else (or a refusal) is
+    decided in a transaction."""
     if existing is not None or authorized.decision.impact == "high":
         return False
     assert authorized.run_id is not None
-    async with state.db.connection() as conn:
-        return await runs.admit_at_once(
-            conn,
-            authorized.principal,
-            authorized.run_id,
-            authorized.call.fingerprint,
-            authorized.tool.cost,
-        )
+    return await runs.admit_at_once(
+        state.db,
+        authorized.principal,
+        authorized.run_id,
+        authorized.call.fingerprint,
+        authorized.tool.cost,
+    )
 
 
 async def _use_read_approval(

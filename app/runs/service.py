@@ -14,7 +14,7 @@ from typing import Any
 
 from app.auth.principal import Principal
 from app.catalog.models import Catalog
-from app.db import Connection
+from app.db import Connection, Writer
 from app.errors import InvalidRequest, NotFound, RepeatedCall, RunLimitExceeded, ToolgateError
 from app.ids import new_id
 from app.runs import endorsement, provenance, store
@@ -88,12 +88,12 @@ async def visible(
 
 
 async def admit_at_once(
-    conn: Connection, principal: Principal, run_id: str, fingerprint: str, cost: float
+    writer: Writer, principal: Principal, run_id: str, fingerprint: str, cost: float
 ) -> bool:
     """Count one new call against the principal's own run in one statement, when nothing
     stops it (``store.admit_at_once``); ``False``: ``admit`` must decide, under the lock."""
     return await store.admit_at_once(
-        conn, run_id, principal.tenant, principal.sub, fingerprint, cost
+        writer, run_id, principal.tenant, principal.sub, fingerprint, cost
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from app.db import Connection, Insert
+from app.db import Connection, Insert, Writer, write_one
 from app.runs.models import RunCall, RunRow
 
 _INSERT = Insert.of(
@@ -40,18 +40,21 @@ async def admit(conn: Connection, run_id: str, calls: int, cost: float) -> bool:
 
 
 async def admit_at_once(
-    conn: Connection, run_id: str, tenant: str, actor: str, fingerprint: str, cost: float
+    writer: Writer, run_id: str, tenant: str, actor: str, fingerprint: str, cost: float
 ) -> bool:
     """``admit`` one new call of ``actor``'s own run in one statement, if every limit holds
     and the same call has not failed or come back empty ``max_repeats`` times: the common
-    case of a call in a run. ``False`` says only that it did not; the caller then decides
-    under the run's lock why."""
-    status = await conn.execute(
-        _ADMIT
-        + """
-      AND tenant = $4 AND actor = $5
-      AND coalesce((SELECT count FROM run_repeats WHERE run_id = $1 AND fingerprint = $6), 0)
-          < max_repeats
+    case of a call in a run, committed with concurrent ones (``write_one``). ``False`` says
+    only that it did not; the caller then decides under the run's lock why."""
+    admitted = await write_one(
+        writer,
+        f"""
+        WITH admitted AS ({_ADMIT}
+          AND tenant = $4 AND actor = $5
+          AND coalesce((SELECT count FROM run_repeats WHERE run_id = $1 AND fingerprint = $6),
+                       0) < max_repeats
+          RETURNING 1)
+        SELECT count(*) FROM admitted
         """,
         run_id,
         1,
@@ -60,7 +63,7 @@ async def admit_at_once(
         actor,
         fingerprint,
     )
-    return bool(status.endswith(" 1"))
+    return bool(admitted)
 
 
 async def refund(conn: Connection, run_id: str, cost: float) -> None:
