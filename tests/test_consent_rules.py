@@ -135,3 +135,5 @@ def test_a_quorum_counts_approvers_who_agree_on_the_same_binding_and_are_live() 
     assert short.value.extra["approvals"] == "1/2"
     with pytest.raises(ApprovalRejected):
         rules.quorate(bob, [bob, carl, approval(id="apr_3", decision="reject")], 2, NOW)
+    with pytest.raises(ApprovalConsumed):  # another execution used them after bob's was read
+        rules.quorate(bob, used, 2, NOW)

@@ -183,9 +183,12 @@ def quorate(
     approval: ApprovalRow, decided: list[ApprovalRow], needed: int, now: datetime
 ) -> ApprovalRow:
     """``approval`` if enough of its call's ``decided`` approvals agree with it (``agreeing``):
-    with a quorum, one approval of several lets nothing run."""
+    with a quorum, one approval of several lets nothing run. A call rejected, or run on its
+    approvals meanwhile, is refused as such."""
     if any(a.decision == "reject" for a in decided):
         raise ApprovalRejected("an approver rejected this call", call_id=approval.call_id)
+    if any(a.consumed_by is not None for a in decided):  # read after ``approval`` was
+        raise ApprovalConsumed("the approvals were used by another execution")
     given = len(agreeing(approval, decided, now))
     if given < needed:
         raise ApprovalRequired(
