@@ -315,6 +315,8 @@ def _oidc(
         raise ConfigError("set both TOOLGATE_OIDC_ISSUER and TOOLGATE_OIDC_CLIENT_ID, or neither")
     url = _url("TOOLGATE_OIDC_ISSUER", issuer, ("https", "http"), host=True)
     assert url is not None
+    if not (url.isascii() and url.isprintable()) or " " in url:
+        raise ConfigError("TOOLGATE_OIDC_ISSUER must be printable ASCII, without spaces")
     parts = urlsplit(url)
     if parts.query or parts.fragment or not (parts.scheme == "https" or loopback(parts.hostname)):
         raise ConfigError(

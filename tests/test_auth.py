@@ -581,6 +581,8 @@ def test_console_sign_in_verifies_the_issuers_tokens_for_the_console() -> None:
         ({"TOOLGATE_OIDC_ISSUER": "https://login.example/?x=1"}, "without query"),
         ({"TOOLGATE_JWT_ISSUER": "https://other.example"}, "differs from TOOLGATE_OIDC_ISSUER"),
         ({"TOOLGATE_OIDC_CLIENT_ID": "a\tb"}, "printable ASCII"),
+        ({"TOOLGATE_OIDC_ISSUER": "https://login.example/\x00"}, "printable ASCII"),
+        ({"TOOLGATE_OIDC_ISSUER": "https://lögin.example"}, "printable ASCII"),
     ],
 )
 def test_console_sign_in_is_refused_unless_it_can_be_verified(
