@@ -80,9 +80,13 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> d
         repeated = rules.repeated(approval, call_state in STARTED, standing, needed)
         given = len(rules.agreeing(approval, standing if repeated else [*standing, approval], now))
         if repeated is None:
-            moves_to: CallState | None = "rejected" if approval.decision == "reject" else None
-            if approval.decision == "approve" and given >= needed:
-                moves_to = "approved"
+            moves_to: CallState | None = (
+                "rejected"
+                if approval.decision == "reject"
+                else "approved"
+                if given >= needed
+                else None  # else: a quorum awaits others
+            )
             await _record(
                 conn, approval, call, tool, catalog.policy_version, started, remembered, moves_to
             )

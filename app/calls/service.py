@@ -198,7 +198,18 @@ async def _read(
     approved = authorized.decision.impact == "high"
     if approved:
         await _use_read_approval(state, authorized, existing, call_id, approval_id, dry_run_id)
-    if request.run_id is not None and not await _admitted_at_once(state, authorized, existing):
+    alone = existing is None and not approved  # a new call: its admission is all it writes
+    if request.run_id is not None and not (
+        alone
+        and await runs.admit_at_once(
+            state.db,
+            request.principal,
+            request.run_id,
+            call.fingerprint,
+            new_call=True,
+            cost=tool.cost,
+        )
+    ):
         async with state.db.transaction() as conn:
             # An approved read is the call its proposal counted, now executing.
             counted = not approved and await counts_as_call(conn, existing)
@@ -247,24 +258,6 @@ async def _read(
             "the provider did not give a usable answer", call_id=call_id, status="unknown"
         )
     return answer
-
-
-async def _admitted_at_once(
-    state: AppState, authorized: Authorized, existing: CallRow | None
-) -> bool:
-    """A new read in a run (no call named, no approval), admitted in one statement when the
-    run allows it, committed with concurrent admissions; anything else (or a refusal) is
-    decided in a transaction."""
-    if existing is not None or authorized.decision.impact == "high":
-        return False
-    assert authorized.run_id is not None
-    return await runs.admit_at_once(
-        state.db,
-        authorized.principal,
-        authorized.run_id,
-        authorized.call.fingerprint,
-        authorized.tool.cost,
-    )
 
 
 async def _use_read_approval(

@@ -88,12 +88,19 @@ async def visible(
 
 
 async def admit_at_once(
-    writer: Writer, principal: Principal, run_id: str, fingerprint: str, cost: float
+    writer: Writer,
+    principal: Principal,
+    run_id: str,
+    fingerprint: str | None,
+    *,
+    new_call: bool,
+    cost: float,
 ) -> bool:
-    """Count one new call against the principal's own run in one statement, when nothing
-    stops it (``store.admit_at_once``); ``False``: ``admit`` must decide, under the lock."""
+    """Count the call against the principal's own run in one statement when nothing stands
+    in the way (``store.admit_at_once``): in the caller's transaction, or on its own,
+    committed with concurrent ones. ``False``: ``admit`` decides, on the locked run."""
     return await store.admit_at_once(
-        writer, run_id, principal.tenant, principal.sub, fingerprint, cost
+        writer, run_id, principal.tenant, principal.sub, fingerprint, int(new_call), cost
     )
 
 
@@ -108,7 +115,11 @@ async def admit(
     cost: float,
 ) -> ToolgateError | None:
     """Count one call against the run in the caller's transaction, or end the run and return
-    the 429 the caller must record as this call's denial and then answer."""
+    the 429 the caller must record as this call's denial and then answer. The common case,
+    nothing in the way, is one statement; anything else is decided on the locked run."""
+    calls = int(new_call)
+    if await admit_at_once(conn, principal, run_id, fingerprint, new_call=new_call, cost=cost):
+        return None
     run = await visible(conn, principal, run_id, lock=True)
     if run.status != "active":
         return RunLimitExceeded(
@@ -125,9 +136,9 @@ async def admit(
         reason = f"the same call failed or came back empty {run.max_repeats} times"
         await _end(conn, catalog, run, "needs_clarification", reason)
         return RepeatedCall(reason, run_id=run.id, run_status="needs_clarification")
-    if await store.admit(conn, run.id, 1 if new_call else 0, cost):
+    if await store.admit(conn, run.id, calls, cost):
         return None
-    limit = await _fail(conn, catalog, run, 1 if new_call else 0, cost)
+    limit = await _fail(conn, catalog, run, calls, cost)
     return RunLimitExceeded(
         f"the run's {limit} is reached",
         run_id=run.id,

@@ -40,24 +40,31 @@ async def admit(conn: Connection, run_id: str, calls: int, cost: float) -> bool:
 
 
 async def admit_at_once(
-    writer: Writer, run_id: str, tenant: str, actor: str, fingerprint: str, cost: float
+    writer: Writer,
+    run_id: str,
+    tenant: str,
+    actor: str,
+    fingerprint: str | None,
+    calls: int,
+    cost: float,
 ) -> bool:
-    """``admit`` one new call of ``actor``'s own run in one statement, if every limit holds
-    and the same call has not failed or come back empty ``max_repeats`` times: the common
-    case of a call in a run, committed with concurrent ones (``write_one``). ``False`` says
-    only that it did not; the caller then decides under the run's lock why."""
+    """``admit``, in one statement, for ``actor``'s own run whose same call (by
+    ``fingerprint``) has not failed or come back empty ``max_repeats`` times: the common
+    case, in the caller's transaction or committed with concurrent ones (``write_one``).
+    ``False`` says only that it did not; the caller then decides under the run's lock why."""
     admitted = await write_one(
         writer,
         f"""
         WITH admitted AS ({_ADMIT}
           AND tenant = $4 AND actor = $5
-          AND coalesce((SELECT count FROM run_repeats WHERE run_id = $1 AND fingerprint = $6),
-                       0) < max_repeats
+          AND ($6::text IS NULL OR coalesce(
+              (SELECT count FROM run_repeats WHERE run_id = $1 AND fingerprint = $6), 0)
+              < max_repeats)
           RETURNING 1)
         SELECT count(*) FROM admitted
         """,
         run_id,
-        1,
+        calls,
         cost,
         tenant,
         actor,
