@@ -297,6 +297,123 @@ async def test_a_client_of_the_handshake_revision_is_served_without_elicitation(
     assert await effects(providers, REFUNDS) == 0
 
 
+@pytest.mark.parametrize("revision", ["2025-06-18", "2025-11-25"])
+async def test_a_handshake_client_that_elicits_approves_its_refund_in_the_stream_and_it_runs_once(
+    servers: list[Instance],
+    token: Tokens,
+    providers: Providers,
+    db: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+    revision: str,
+) -> None:
+    """Asked in the stream of its ``tools/call`` (its session's instance alone answers)."""
+    monkeypatch.setattr("mcp.client.session.LATEST_HANDSHAKE_VERSION", revision)
+    asked: list[types.ElicitRequestParams] = []
+    approve = answering(asked, types.ElicitResult(action="accept", content={"decision": "approve"}))
+    async with connected(
+        servers[:1], token(), mode="legacy", elicitation_callback=approve
+    ) as client:
+        result = await client.call_tool("issue_refund", refund_args(150.0))
+        assert client.protocol_version == revision
+    assert result.is_error is False, result
+    assert structured(result)["status"] == "succeeded"
+    assert [type(question) for question in asked] == [types.ElicitRequestFormParams]
+    assert '"new_balance": 100.0' in asked[0].message  # the preview, as the form shows it
+    assert await effects(providers, REFUNDS) == 1
+    approval = await db.fetchrow("SELECT approver, decision, snapshot_hash FROM approvals")
+    preview = await db.fetchval("SELECT snapshot_hash FROM dry_runs")
+    assert approval is not None
+    assert (approval["approver"], approval["decision"]) == ("alice", "approve")
+    assert approval["snapshot_hash"] == preview  # bound to the preview the form showed
+    assert await db.fetchval("SELECT count(*) FROM executions") == 1
+
+
+async def test_a_handshake_client_that_declines_is_told_the_call_waits_for_approvers(
+    servers: list[Instance], token: Tokens, providers: Providers, db: asyncpg.Connection
+) -> None:
+    asked: list[types.ElicitRequestParams] = []
+    decline = answering(asked, types.ElicitResult(action="decline"))
+    async with connected(
+        servers[:1], token(), mode="legacy", elicitation_callback=decline
+    ) as client:
+        result = await client.call_tool("issue_refund", refund_args(150.0))
+    assert len(asked) == 1
+    assert result.is_error is False
+    assert structured(result)["status"] == "awaiting_approval"
+    assert await effects(providers, REFUNDS) == 0
+    assert await db.fetchval("SELECT count(*) FROM approvals") == 0
+
+
+async def test_a_handshake_client_sent_to_the_console_waits_in_the_stream_for_the_approver(
+    servers: list[Instance], token: Tokens, auth: Auth, providers: Providers
+) -> None:
+    """URL mode (2025-11-25): the client opens the page, a support lead approves there
+    meanwhile, and the same ``tools/call`` answers with the change made, once."""
+    asked: list[types.ElicitRequestParams] = []
+    decided: list[int] = []
+
+    async def open_and_approve(
+        context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        asked.append(params)
+        assert isinstance(params, types.ElicitRequestURLParams)
+        call_id = params.url.rsplit("/", 1)[1]
+
+        async def lead_approves() -> None:
+            lead = {"sub": "carol", "roles": "support_lead"}
+            async with httpx.AsyncClient(base_url=servers[1].url) as rest:
+                inbox = (await rest.get("/approvals", headers=auth(**lead))).json()
+                [item] = [item for item in inbox["items"] if item["call_id"] == call_id]
+                answer = await Flow(rest, auth).approve(call_id, item["snapshot_hash"], lead)
+                decided.append(answer.status_code)
+
+        asyncio.get_running_loop().call_later(0.5, lambda: asyncio.ensure_future(lead_approves()))
+        return types.ElicitResult(action="accept")
+
+    args = {"customer_id": "cus_dave", "email": "new@acme.example"}
+    async with connected(
+        servers[:1], token(), mode="legacy", elicitation_callback=open_and_approve
+    ) as client:
+        result = await client.call_tool("update_customer_email", args)
+    assert decided == [200]
+    assert len(asked) == 1
+    assert result.is_error is False, result
+    assert structured(result)["status"] == "succeeded"
+    assert await effects(providers, "/crm/customers/cus_dave") == 1
+
+
+async def test_a_session_answers_only_its_principal_and_elsewhere_is_served_statelessly(
+    servers: list[Instance], auth: Auth
+) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"elicitation": {"form": {}}},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(base_url=servers[0].url) as http:
+        opened = await http.post("/mcp", json=initialize, headers={**auth(), **accept})
+        session = opened.headers["mcp-session-id"]
+        in_session = {**accept, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        own = await http.post("/mcp", json=listing, headers={**auth(), **in_session})
+        other = await http.post("/mcp", json=listing, headers={**auth(sub="bob"), **in_session})
+    async with httpx.AsyncClient(base_url=servers[1].url) as http:  # not its instance
+        elsewhere = await http.post("/mcp", json=listing, headers={**auth(), **in_session})
+    assert opened.status_code == 200, opened.text
+    assert own.status_code == 200, own.text
+    assert "get_order" in own.text
+    assert other.status_code == 404  # bob cannot use, or answer questions in, alice's session
+    assert "get_order" not in other.text
+    assert elsewhere.status_code == 200, elsewhere.text
+    assert "get_order" in {tool["name"] for tool in elsewhere.json()["result"]["tools"]}
+
+
 async def post_call(
     server: Instance,
     auth: Auth,

@@ -3,10 +3,15 @@ toolgate's bearer-token check) and the protected-resource metadata MCP clients d
 the token issuer from (RFC 9728).
 
 The transport runs stateless: every request carries the token and is verified on its own,
-any worker or instance may serve any request, and toolgate issues no ``Mcp-Session-Id``
-(so none can let another token in). Clients of the current protocol revision declare
-their capabilities with each request; clients of the handshake revisions are served too,
-without elicitation (``calls``: their approvals come from approvers elsewhere).
+and any worker or instance may serve any request. Clients of the current protocol revision
+declare their capabilities with each request, and are asked for approvals in the answer
+they retry with. A client of a handshake revision can only be asked in the stream of its
+request, and its answer comes back in a request of its own; so one that declares
+elicitation in its ``initialize`` gets a session (``Mcp-Session-Id``) in the process that
+answered it, bound to its principal, where the question waits for that answer. Every other
+request is served statelessly, including one naming a session this process does not hold
+(expired, or another worker's or instance's): it is served as before, and a call that needs
+an approval then waits for approvers elsewhere (``calls``).
 """
 
 from __future__ import annotations
@@ -16,10 +21,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import orjson
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from app.deps import bearer_token, state_of
 from app.errors import InvalidRequest, ToolgateError
@@ -29,15 +39,25 @@ from app.responses import JSON, problem
 
 PATH = "/mcp"
 METADATA = "/.well-known/oauth-protected-resource"
+ASKING_REVISIONS = frozenset({"2025-06-18", "2025-11-25"})
+"""The handshake revisions that define elicitation."""
+MAX_SESSIONS = 1_000
+"""Sessions one process holds at most; past that, new clients are served statelessly."""
+SESSION_IDLE_S = 30 * 60
+"""A session without a request in flight for this long ends."""
 
 
 class Endpoint:
     """ASGI at ``/mcp``: the bearer token verified on every request (else 401 naming the
-    resource metadata), then the SDK's transport with the caller in the request's scope."""
+    resource metadata), then the SDK's transport with the caller in the request's scope:
+    its stateless one, or its sessions for handshake clients that can be asked."""
 
     def __init__(self) -> None:
-        self.manager = StreamableHTTPSessionManager(
+        self.stateless = StreamableHTTPSessionManager(
             app=server.build(), stateless=True, json_response=True
+        )
+        self.sessions = StreamableHTTPSessionManager(
+            app=server.build(), session_idle_timeout=SESSION_IDLE_S, max_sessions=None
         )
 
     @asynccontextmanager
@@ -48,7 +68,7 @@ class Endpoint:
         started, stopping = asyncio.Event(), asyncio.Event()
 
         async def serve() -> None:
-            async with self.manager.run():
+            async with self.stateless.run(), self.sessions.run():
                 started.set()
                 await stopping.wait()
 
@@ -83,7 +103,61 @@ class Endpoint:
             )(scope, receive, send)
             return
         scope[SCOPE_KEY] = Caller.verified(state, principal, token, base_url)
-        await self.manager.handle_request(scope, receive, send)
+        manager = self.stateless
+        session = request.headers.get(MCP_SESSION_ID_HEADER)
+        if session is not None:
+            if session in self._held():
+                manager = self.sessions
+        elif MCP_PROTOCOL_VERSION_HEADER not in request.headers:
+            body = await request.body()  # a handshake's first request: small, and bounded
+            receive = _replaying(body, receive)
+            streams = "text/event-stream" in request.headers.get("accept", "")
+            if streams and asks_for_a_session(body) and len(self._held()) < MAX_SESSIONS:
+                manager = self.sessions
+        if manager is self.sessions:
+            # The SDK binds a session to the principal that opened it: any other is told
+            # the session does not exist (and cannot answer the questions asked in it).
+            scope["user"] = AuthenticatedUser(
+                AccessToken(token="", client_id=principal.tenant, scopes=[], subject=principal.sub)
+            )
+        await manager.handle_request(scope, receive, send)
+
+    def _held(self) -> dict[str, Any]:
+        """The sessions this process holds, by id (the SDK's own registry: it has no public
+        view of it; ``mcp`` is pinned, and the tests fail if the name moves)."""
+        held: dict[str, Any] = self.sessions._server_instances
+        return held
+
+
+def asks_for_a_session(body: bytes) -> bool:
+    """Whether ``body`` is an ``initialize`` of a handshake revision that declares
+    elicitation: that client can be asked only through a session."""
+    try:
+        message = orjson.loads(body)
+        method, params = message["method"], message["params"]
+        declared, revision = params["capabilities"]["elicitation"], params["protocolVersion"]
+    except (ValueError, TypeError, KeyError):  # declares nothing, or the SDK refuses it
+        return False
+    return (
+        method == "initialize"
+        and isinstance(declared, dict)
+        and isinstance(revision, str)
+        and revision in ASKING_REVISIONS
+    )
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for a request whose body was read already: that body, then the rest."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _declared_json(request: Request) -> bool:

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS, is_version_at_least
+from pydantic import ValidationError
 
 from app.bodies import is_id
 from app.catalog.listing import listing
@@ -41,6 +45,9 @@ DECISION_SCHEMA = {
     },
     "required": ["decision"],
 }
+QUESTION_TIMEOUT_S = 600.0
+"""How long a handshake client's user may take to answer toolgate's question; then the call
+is answered as waiting for approvers, as a dismissed question is."""
 
 
 async def list_tools(
@@ -69,13 +76,19 @@ async def call_tool(
         tool=params.name,
         arguments=params.arguments or {},
         run_id=run_id,
-        elicitation=elicitation_modes(ctx.session.client_capabilities),
+        elicitation=elicitation_modes(
+            ctx.session.client_capabilities, ctx.protocol_version, ctx.session.can_send_request
+        ),
         console=caller.base_url,
         answer=answer.model_dump(mode="json") if answer is not None else None,
         request_state=params.request_state,
     )
     try:
         outcome = await calls.call_tool(caller.state, ask)
+        if isinstance(outcome, calls.Elicit) and ctx.session.can_send_request:
+            reply = await asked(ctx, outcome)
+            retry = replace(ask, answer=reply, request_state=outcome.request_state)
+            outcome = await calls.call_tool(caller.state, retry)
     except Exception:  # as REST's 500: logged here, nothing of it told to the client
         log.exception("MCP tools/call %s failed unexpectedly", params.name)
         raise MCPError(types.INTERNAL_ERROR, "Internal server error") from None
@@ -105,6 +118,13 @@ def result(outcome: calls.Outcome) -> types.CallToolResult | types.InputRequired
             },
             is_error=False,
         )
+    return types.InputRequiredResult(
+        input_requests={calls.APPROVAL: question(outcome)},
+        request_state=outcome.request_state,
+    )
+
+
+def question(outcome: calls.Elicit) -> types.ElicitRequest:
     params: types.ElicitRequestParams = (
         types.ElicitRequestFormParams(message=outcome.message, requested_schema=DECISION_SCHEMA)
         if outcome.mode == "form"
@@ -112,10 +132,25 @@ def result(outcome: calls.Outcome) -> types.CallToolResult | types.InputRequired
             message=outcome.message, url=outcome.url, elicitation_id=outcome.call_id
         )
     )
-    return types.InputRequiredResult(
-        input_requests={calls.APPROVAL: types.ElicitRequest(params=params)},
-        request_state=outcome.request_state,
-    )
+    return types.ElicitRequest(params=params)
+
+
+async def asked(
+    ctx: ServerRequestContext[Any, Any], outcome: calls.Elicit
+) -> dict[str, Any] | None:
+    """The handshake client's answer to ``outcome``'s question, asked in the stream of the
+    request (``None`` when it gives none: timed out, refused, malformed or gone)."""
+    try:
+        answer = await ctx.session.send_request(
+            question(outcome),
+            types.ElicitResult,
+            request_read_timeout_seconds=QUESTION_TIMEOUT_S,
+            metadata=ServerMessageMetadata(related_request_id=ctx.request_id),
+        )
+    except (MCPError, ValidationError) as error:
+        log.info("MCP elicitation for call %s got no answer: %s", outcome.call_id, error)
+        return None
+    return answer.model_dump(mode="json")
 
 
 def _result(
@@ -129,16 +164,20 @@ def _result(
     )
 
 
-def elicitation_modes(capabilities: types.ClientCapabilities | None) -> frozenset[calls.Mode]:
-    """The elicitation modes the client declared for this request (an empty declaration is
-    form mode, as before URL mode existed)."""
+def elicitation_modes(
+    capabilities: types.ClientCapabilities | None, revision: str, channel: bool
+) -> frozenset[calls.Mode]:
+    """The elicitation modes the client declared and can be asked in now (an empty
+    declaration is form mode, as before URL mode existed): a client of the current revision
+    answers in its retry; a handshake client only where its request has a ``channel`` back
+    to it (a session), and in URL mode only from the revision that defined it."""
     declared = capabilities.elicitation if capabilities is not None else None
-    if declared is None:
+    if declared is None or not (revision in MODERN_PROTOCOL_VERSIONS or channel):
         return frozenset()
     modes: set[calls.Mode] = set()
     if declared.form is not None or declared.url is None:
         modes.add("form")
-    if declared.url is not None:
+    if declared.url is not None and is_version_at_least(revision, "2025-11-25"):
         modes.add("url")
     return frozenset(modes)
 
