@@ -23,6 +23,7 @@ from app.db import Connection, Database
 from app.errors import ToolgateError
 from app.runs import service as runs
 from app.runs.provenance import Taint
+from app.runs.store import Told
 
 PROPOSED_BY = "model"
 APPROVAL_WINDOW_S = 300
@@ -241,24 +242,29 @@ async def record_run_outcome(
     result: Any,
 ) -> None:
     """Feed an outcome into the run's counters, and remember the result it returns
-    (``remember_result``), in the transaction that stores the result."""
+    (``run_outcome``), in the transaction that stores the result."""
     if request.run_id is not None:
-        await runs.record_outcome(conn, request.run_id, call.fingerprint, status, result)
-        await remember_result(conn, request.run_id, call, call_id, status, result)
+        await runs.tell(conn, run_outcome(request.run_id, call, call_id, status, result))
+
+
+def run_outcome(
+    run_id: str, call: PreparedCall, call_id: str, status: str, result: Any, *, counted: bool = True
+) -> Told:
+    """What the result of ``call`` tells its run (``runs.told``)."""
+    return runs.told(
+        run_id,
+        call.fingerprint,
+        call_id,
+        status,
+        result,
+        trusted=call.tool.result.trusted,
+        arguments=call.arguments,
+        counted=counted,
+    )
 
 
 async def remember_result(
     conn: Connection, run_id: str, call: PreparedCall, call_id: str, status: str, result: Any
 ) -> None:
-    """What a run keeps of a result it is given: a trusted tool's result (data only the
-    user or tenant can write) endorses later values (``runs.remember_trusted``); any other
-    is untrusted, and its strings taint later arguments (``runs.remember``; not those that
-    echo the call's own arguments). A refusal (``status`` other than ``succeeded``) is
-    never trusted: ``trusted`` vouches for the tool's data, while a provider's error text
-    (``result.error_fields``) may quote anything, an outsider's input included."""
-    if result is None:
-        return
-    if call.tool.result.trusted and status == "succeeded":
-        await runs.remember_trusted(conn, run_id, result)
-    else:
-        await runs.remember(conn, run_id, call_id, result, call.arguments)
+    """Remember a result the run is given again (a replay): its strings, not its counters."""
+    await runs.tell(conn, run_outcome(run_id, call, call_id, status, result, counted=False))

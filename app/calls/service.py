@@ -38,7 +38,7 @@ from app.calls.recording import (
     counts_as_call,
     endorsement_list,
     record_refusal,
-    record_run_outcome,
+    run_outcome,
     write_denial,
 )
 from app.calls.results import classify, result_body
@@ -60,6 +60,7 @@ from app.errors import (
 from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
 from app.runs import service as runs
+from app.runs.store import Told
 from app.state import AppState
 from app.webhooks import store as webhooks
 
@@ -315,14 +316,16 @@ async def _record_read(
         },
         provider_ms=provider_ms,
     )
-    if request.run_id is None and not request.catalog.subscribers(webhooks.CALL_EXECUTED):
-        await _write_call(state.db, existing, row, event)
+    told = (
+        run_outcome(request.run_id, call, call_id, status, answer["result"] if answer else None)
+        if request.run_id is not None
+        else None
+    )
+    if not request.catalog.subscribers(webhooks.CALL_EXECUTED):
+        await _write_call(state.db, existing, row, event, told)
     else:
         async with state.db.transaction() as conn:
-            await _write_call(conn, existing, row, event)
-            await record_run_outcome(
-                conn, request, call, call_id, status, answer["result"] if answer else None
-            )
+            await _write_call(conn, existing, row, event, told)
             await webhooks.announce(
                 conn,
                 request.catalog,
@@ -334,14 +337,14 @@ async def _record_read(
 
 
 async def _write_call(
-    conn: Writer, existing: CallRow | None, row: CallRow, event: AuditEvent
+    conn: Writer, existing: CallRow | None, row: CallRow, event: AuditEvent, told: Told | None
 ) -> None:
-    """The call as ``row`` says, new or moved to its state, with its audit row: one
-    statement."""
+    """The call as ``row`` says, new or moved to its state, with its audit row and what its
+    result ``told`` its run: one statement."""
     if existing is None:
-        await store.insert_with_audit(conn, row, event)
+        await store.insert_with_audit(conn, row, event, told)
     else:  # from executing (a run's read marks its call started) to its outcome
-        await store.set_state_with_audit(conn, row.id, row.state, event, keep=OUTCOMES)
+        await store.set_state_with_audit(conn, row.id, row.state, event, keep=OUTCOMES, told=told)
 
 
 async def _approved_elsewise(conn: Connection, call: CallRow, snapshot_hash: str) -> bool:

@@ -12,6 +12,7 @@ from app.audit.store import AuditEvent, append_after
 from app.calls.models import CallRow, DryRunRow, ExecutionRow, ExecutionSummary
 from app.calls.states import FINAL, CallState, ExecutionState
 from app.db import Connection, Insert, Writer, write_one
+from app.runs import store as runs
 
 _GENERATED = ("created_at", "updated_at")
 _CALL = Insert.of("calls", CallRow._fields, _GENERATED)
@@ -29,9 +30,13 @@ async def get(conn: Connection, call_id: str) -> CallRow | None:
     return CallRow(**dict(row)) if row else None
 
 
-async def insert_with_audit(conn: Writer, call: CallRow, event: AuditEvent) -> None:
-    """The call and its audit row in one statement."""
-    await append_after(conn, f"change AS ({_CALL.sql} RETURNING 1)", _CALL.values(call), event)
+async def insert_with_audit(
+    conn: Writer, call: CallRow, event: AuditEvent, told: runs.Told | None = None
+) -> None:
+    """The call and its audit row, and what its result ``told`` its run, in one statement."""
+    await _append_after(
+        conn, f"change AS ({_CALL.sql} RETURNING 1)", _CALL.values(call), event, told
+    )
 
 
 async def set_state_with_audit(
@@ -41,17 +46,29 @@ async def set_state_with_audit(
     event: AuditEvent,
     *,
     keep: tuple[CallState, ...] = FINAL,
+    told: runs.Told | None = None,
 ) -> None:
     """Record ``event`` and move the call to ``state``, unless the call is already in one of
     the states ``keep``, by default past deciding (``FINAL``): a later denial is audited but
-    never rewrites a rejection or an execution that began."""
-    await append_after(
+    never rewrites a rejection or an execution that began. With what its result ``told`` its
+    run: one statement."""
+    await _append_after(
         conn,
         "change AS (UPDATE calls SET state = CASE WHEN state = ANY($3) THEN state ELSE $2 END,"
         " updated_at = now() WHERE id = $1 RETURNING 1)",
         (call_id, state, list(keep)),
         event,
+        told,
     )
+
+
+async def _append_after(
+    conn: Writer, change: str, args: tuple[Any, ...], event: AuditEvent, told: runs.Told | None
+) -> None:
+    """``append_after``, and, in the same statement, what the result ``told`` its run."""
+    if told is not None:
+        change, args = f"{change}, {runs.told(len(args) + 1)}", (*args, *told)
+    await append_after(conn, change, args, event)
 
 
 async def set_state(

@@ -219,38 +219,48 @@ async def count_denied(conn: Connection, run_id: str) -> None:
     await store.count_call(conn, run_id)
 
 
-async def record_outcome(
-    conn: Connection, run_id: str, fingerprint: str, status: str, result: Any
-) -> None:
-    """Feed an execution's outcome into the run's failure and repeat counters."""
-    failed = status != "succeeded"
-    await store.record_outcome(
-        conn, run_id, fingerprint, failed, empty=result in (None, {}, [], "")
+def told(
+    run_id: str,
+    fingerprint: str,
+    call_id: str,
+    status: str,
+    result: Any,
+    *,
+    trusted: bool,
+    arguments: Any,
+    counted: bool = True,
+) -> store.Told:
+    """What a result tells its run (``store.told``): if ``counted``, a failure or an empty
+    result for its counters; and its strings. A ``trusted`` tool's result, when it
+    succeeded, endorses later values by its words; any other result taints later arguments
+    by its strings' windows (not those that only echo the call's own ``arguments``). A
+    refusal is never trusted: ``trusted`` vouches for the tool's data, while a provider's
+    error text may quote anything, an outsider's input included."""
+    succeeded = status == "succeeded"
+    words: str | None = None
+    found: set[int] | None = set()
+    if result is not None and trusted and succeeded:
+        words = endorsement.spaced(" ".join(provenance.strings(result))) or None
+    elif result is not None:
+        found = provenance.remembered(result, provenance.MAX_WINDOWS, arguments)
+    return store.Told(
+        run_id=run_id,
+        fingerprint=fingerprint,
+        failed=counted and not succeeded,
+        empty=counted and result in (None, {}, [], ""),
+        windows=sorted(found) if found else None,
+        call_id=call_id,
+        overflow=found is None,
+        trusted=words,
+        most_windows=provenance.MAX_WINDOWS,
+        most_trusted=endorsement.MAX_TRUSTED_CHARS,
     )
 
 
-async def remember(
-    conn: Connection, run_id: str, call_id: str, result: Any, arguments: Any
-) -> None:
-    """Remember the strings of a result returned to the run (but those that echo the call's
-    own ``arguments``), in the caller's transaction (the one that records the result): what
-    the run was told is stored exactly when the result is."""
-    held, forgotten_after = await store.memory(conn, run_id)
-    if forgotten_after is not None:
-        return
-    found = provenance.remembered(result, provenance.MAX_WINDOWS - held, arguments)
-    if found is None:
-        await store.forget_after(conn, run_id, call_id)
-    elif found:
-        await store.remember(conn, run_id, call_id, list(found))
-
-
-async def remember_trusted(conn: Connection, run_id: str, result: Any) -> None:
-    """Keep the words of a trusted result returned to the run, in the caller's transaction
-    (the one that records the result), to endorse the run's later values by."""
-    text = endorsement.spaced(" ".join(provenance.strings(result)))
-    if text:
-        await store.remember_trusted(conn, run_id, text, endorsement.MAX_TRUSTED_CHARS)
+async def tell(writer: Writer, result: store.Told) -> None:
+    """Store what ``result`` tells its run (``told``): in the caller's transaction, the
+    one that records the result, or committed with concurrent ones."""
+    await store.tell(writer, result)
 
 
 async def recall(

@@ -4,6 +4,8 @@ parallel calls."""
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
+from typing import NamedTuple
 
 from app.db import Connection, Insert, Writer, write_one
 from app.runs.models import RunCall, RunRow
@@ -14,7 +16,9 @@ _INSERT = Insert.of(
 
 
 async def insert(conn: Connection, run: RunRow) -> None:
+    """The run, and its memory (``Told``), empty."""
     await conn.execute(_INSERT.sql, *_INSERT.values(run))
+    await conn.execute("INSERT INTO run_memory (run_id) VALUES ($1)", run.id)
 
 
 async def get(conn: Connection, run_id: str, *, lock: bool = False) -> RunRow | None:
@@ -94,24 +98,6 @@ async def repeats(conn: Connection, run_id: str, fingerprint: str) -> int:
     return int(count or 0)
 
 
-async def record_outcome(
-    conn: Connection, run_id: str, fingerprint: str, failed: bool, empty: bool
-) -> None:
-    if failed:
-        await conn.execute(
-            "UPDATE runs SET failures = failures + 1, updated_at = now() WHERE id = $1", run_id
-        )
-    if failed or empty:
-        await conn.execute(
-            """
-            INSERT INTO run_repeats (run_id, fingerprint, count) VALUES ($1, $2, 1)
-            ON CONFLICT (run_id, fingerprint) DO UPDATE SET count = run_repeats.count + 1
-            """,
-            run_id,
-            fingerprint,
-        )
-
-
 async def finish(
     conn: Connection,
     run_id: str,
@@ -165,54 +151,74 @@ async def calls_of(conn: Connection, run_id: str) -> list[RunCall]:
 # Provenance: the windows a run remembers (``app.runs.provenance``).
 
 
-async def memory(conn: Connection, run_id: str) -> tuple[int, str | None]:
-    """The run's remembered window count and ``forgotten_after``, its row locked until the
-    transaction ends: one result of the run is remembered at a time, so the bound holds."""
-    row = await conn.fetchrow(
-        """
-        INSERT INTO run_memory (run_id) VALUES ($1)
-        ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id
-        RETURNING windows, forgotten_after
-        """,
-        run_id,
+class Told(NamedTuple):
+    """What one result tells its run (``told``)."""
+
+    run_id: str
+    fingerprint: str
+    failed: bool
+    """Counts as a failure of the run, and as a repeat of the call."""
+    empty: bool
+    """Counts as a repeat of the call."""
+    windows: list[int] | None
+    """The windows of the result's untrusted strings, to remember (``None``: none)."""
+    call_id: str
+    """The call the result answered: the source of its windows."""
+    overflow: bool
+    """The result had more windows than a run holds: the run forgets from here."""
+    trusted: str | None
+    """A trusted result's words, to endorse by (``None``: none)."""
+    most_windows: int
+    most_trusted: int
+
+
+@cache
+def told(first: int) -> str:
+    """Data-modifying CTEs that store what a result tells its run (``Told``'s fields as
+    parameters ``$first`` on): the failure and repeat counters; the windows the run did not
+    hold yet, while they fit (else, from this call on, the run has forgotten: every judged
+    argument counts as tainted); the trusted words, while they fit. One statement with the
+    call's own record (``calls.store``), or on its own. The memory row's lock orders the
+    results of one run; the windows counted new are those the statement's snapshot did not
+    hold, so concurrent results of one run may count a window twice (the bound then holds
+    early, never late)."""
+    types = ("text", "text", "boolean", "boolean", "bigint[]", "text", "boolean", "text")
+    (run, fingerprint, failed, empty, windows, call, overflow, trusted, most, most_trusted) = (
+        f"${first + i}::{kind}" for i, kind in enumerate((*types, "int", "int"))
     )
-    assert row is not None
-    return int(row["windows"]), row["forgotten_after"]
-
-
-async def remember(conn: Connection, run_id: str, call_id: str, windows: list[int]) -> None:
-    """Store the windows the run did not hold yet, as first seen in ``call_id``'s result."""
-    status = await conn.execute(
-        """
+    fits = f"(m.forgotten_after IS NULL AND NOT {overflow} AND m.windows + f.n <= {most})"
+    keep = f"({trusted} IS NOT NULL AND m.trusted_chars + length({trusted}) <= {most_trusted})"
+    return f"""
+    run_failed AS (
+        UPDATE runs SET failures = failures + 1, updated_at = now()
+        WHERE id = {run} AND {failed} RETURNING 1),
+    run_repeated AS (
+        INSERT INTO run_repeats (run_id, fingerprint, count)
+        SELECT {run}, {fingerprint}, 1 WHERE {failed} OR {empty}
+        ON CONFLICT (run_id, fingerprint) DO UPDATE SET count = run_repeats.count + 1
+        RETURNING 1),
+    run_fresh AS (
+        SELECT DISTINCT w FROM unnest({windows}) w
+        WHERE NOT EXISTS (SELECT 1 FROM run_windows x WHERE x.run_id = {run} AND x.window_id = w)),
+    run_told AS (
+        UPDATE run_memory m SET
+            windows = m.windows + CASE WHEN {fits} THEN f.n ELSE 0 END,
+            forgotten_after = CASE WHEN {fits} THEN NULL
+                              ELSE coalesce(m.forgotten_after, {call}) END,
+            trusted = CASE WHEN {keep} THEN m.trusted || ARRAY[{trusted}] ELSE m.trusted END,
+            trusted_chars = m.trusted_chars + CASE WHEN {keep} THEN length({trusted}) ELSE 0 END
+        FROM (SELECT count(*)::int AS n FROM run_fresh) f
+        WHERE m.run_id = {run} AND ({windows} IS NOT NULL OR {overflow} OR {trusted} IS NOT NULL)
+        RETURNING m.forgotten_after IS NULL AS fits),
+    run_remembered AS (
         INSERT INTO run_windows (run_id, window_id, source_call_id)
-        SELECT $1, unnest($2::bigint[]), $3
-        ON CONFLICT (run_id, window_id) DO NOTHING
-        """,
-        run_id,
-        windows,
-        call_id,
-    )
-    added = int(status.rsplit(" ", 1)[1])
-    await conn.execute(
-        "UPDATE run_memory SET windows = windows + $2 WHERE run_id = $1", run_id, added
-    )
+        SELECT {run}, w, {call} FROM run_fresh WHERE (SELECT fits FROM run_told)
+        ON CONFLICT (run_id, window_id) DO NOTHING RETURNING 1)"""
 
 
-async def remember_trusted(conn: Connection, run_id: str, text: str, most: int) -> None:
-    """Keep ``text`` (a trusted result's words) while the run keeps at most ``most``
-    characters of them."""
-    await conn.execute(
-        """
-        INSERT INTO run_memory (run_id, trusted, trusted_chars)
-        SELECT $1, ARRAY[$2], length($2) WHERE length($2) <= $3
-        ON CONFLICT (run_id) DO UPDATE SET trusted = run_memory.trusted || EXCLUDED.trusted,
-            trusted_chars = run_memory.trusted_chars + EXCLUDED.trusted_chars
-        WHERE run_memory.trusted_chars + EXCLUDED.trusted_chars <= $3
-        """,
-        run_id,
-        text,
-        most,
-    )
+async def tell(writer: Writer, result: Told) -> None:
+    """Store what ``result`` tells its run, on its own (``told``)."""
+    await write_one(writer, f"WITH {told(1)} SELECT 1", *result)
 
 
 async def set_scope(conn: Connection, run_id: str, tools: list[str], outside: str) -> None:
@@ -221,14 +227,6 @@ async def set_scope(conn: Connection, run_id: str, tools: list[str], outside: st
         run_id,
         tools,
         outside,
-    )
-
-
-async def forget_after(conn: Connection, run_id: str, call_id: str) -> None:
-    await conn.execute(
-        "UPDATE run_memory SET forgotten_after = $2 WHERE run_id = $1 AND forgotten_after IS NULL",
-        run_id,
-        call_id,
     )
 
 
