@@ -55,12 +55,16 @@ async def admit_at_once(
     """``admit``, in one statement, for ``actor``'s own run whose same call (by
     ``fingerprint``) has not failed or come back empty ``max_repeats`` times: the common
     case, in the caller's transaction or committed with concurrent ones (``write_one``).
-    ``False`` says only that it did not; the caller then decides under the run's lock why."""
+    ``False`` says only that it did not; the caller then decides under the run's lock why.
+    The owner is compared with ``IS NOT DISTINCT FROM``, which no index serves, so that the
+    run is found by its id: with ``=``, a planner without statistics of the table yet (a new
+    deployment) took the index of the actor's runs and read every run of theirs to admit
+    one call (measured: 0.3 ms of PostgreSQL for 400 runs, growing with each run)."""
     admitted = await write_one(
         writer,
         f"""
         WITH admitted AS ({_ADMIT}
-          AND tenant = $4 AND actor = $5
+          AND (tenant, actor) IS NOT DISTINCT FROM ($4::text, $5::text)
           AND ($6::text IS NULL OR coalesce(
               (SELECT count FROM run_repeats WHERE run_id = $1 AND fingerprint = $6), 0)
               < max_repeats)
