@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import asyncpg
 import httpx
 
+from app.runs import store as runs_store
 from tests.conftest import Providers
 from tests.flows import Flow, new_key, refund_args
 
@@ -374,3 +376,37 @@ async def test_a_run_out_of_time_or_failures_reads_as_failed_before_any_call_is_
     assert failed.status_code == 504
     state = await run_state(flow, failing)
     assert (state["status"], state["limit"]) == ("failed", "max_failures")
+
+
+async def test_an_admission_finds_the_run_by_its_id_however_many_runs_its_actor_has(
+    db: asyncpg.Connection,
+) -> None:
+    """On a table the planner has no statistics of (a new deployment: here a fresh copy of
+    ``runs``), the admission must still look the run up by its id, not read every run of its
+    actor through their index."""
+    async with db.transaction():
+        await db.execute("CREATE TEMP TABLE runs (LIKE public.runs INCLUDING ALL) ON COMMIT DROP")
+        await db.execute(
+            "INSERT INTO runs (id, tenant, actor, status, max_calls, max_seconds, max_cost,"
+            " max_repeats, max_failures) SELECT 'run_' || i, 'acme', 'alice', 'active', 200,"
+            " 3600, 100, 5, 5 FROM generate_series(1, 400) i"
+        )
+        plan = await db.fetchval(
+            "EXPLAIN (FORMAT JSON) " + runs_store.ADMIT_AT_ONCE,
+            "run_7",
+            1,
+            0.0,
+            "acme",
+            "alice",
+            "sha256:x",
+        )
+    scans = [
+        node.get("Index Cond")
+        for node in _nodes(json.loads(plan)[0]["Plan"])
+        if node.get("Relation Name") == "runs" and node["Node Type"].endswith("Scan")
+    ]
+    assert scans == ["(id = 'run_7'::text)"]
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
