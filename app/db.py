@@ -160,8 +160,8 @@ class Pooled:
             raise Unavailable("database unavailable") from error
 
 
-Queued: TypeAlias = tuple[Sequence[Any], asyncio.Future[Any]]
-"""A statement's arguments, and its caller's future."""
+Queued: TypeAlias = tuple[str, Sequence[Any], asyncio.Future[Any]]
+"""A statement's order (rule 8), its arguments, and its caller's future."""
 MAX_GROUP = 256
 """The most statements one group commit sends (rule 3)."""
 
@@ -196,6 +196,9 @@ class GroupCommit:
     6. Connection trouble fails every caller of the group with an ``Unavailable`` of its
        own (a caller may add to its error, which must not reach another request).
     7. A caller that was cancelled is not woken; its statement may still commit.
+    8. A group's statements run in the order of their ``order`` keys (``""`` by default):
+       statements that lock rows by a key, a run's, give that key, so every group takes
+       those locks in one order and no two groups wait for each other in a cycle.
     """
 
     __slots__ = ("_connect", "_queued", "_sql", "_writer")
@@ -205,9 +208,9 @@ class GroupCommit:
         self._queued: list[Queued] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def commit(self, args: Sequence[Any]) -> Any:
+    async def commit(self, args: Sequence[Any], order: str = "") -> Any:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queued.append((args, done))
+        self._queued.append((order, args, done))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write())
         return await done
@@ -215,7 +218,7 @@ class GroupCommit:
     async def _write(self) -> None:
         try:
             while self._queued:
-                group = self._queued[:MAX_GROUP]
+                group = sorted(self._queued[:MAX_GROUP], key=_order)
                 del self._queued[:MAX_GROUP]
                 try:
                     await self._send(group)
@@ -231,7 +234,7 @@ class GroupCommit:
         if len(group) > 1:
             try:
                 async with self._connect() as conn:
-                    rows = await conn.fetchmany(self._sql, [args for args, _ in group])
+                    rows = await conn.fetchmany(self._sql, [args for _, args, _ in group])
             except Unavailable as exc:
                 _fail(group, exc)
                 return
@@ -241,10 +244,10 @@ class GroupCommit:
                 if len(rows) != len(group):  # stored, but whose row is whose is unknown
                     _fail(group, RuntimeError(f"not one row per statement: {self._sql}"))
                     return
-                for (_, done), row in zip(group, rows, strict=True):
+                for (_, _, done), row in zip(group, rows, strict=True):
                     _wake(done, row[0])
                 return
-        for args, done in group:
+        for _, args, done in group:
             try:
                 async with self._connect() as conn:
                     value = await conn.fetchval(self._sql, *args)
@@ -263,9 +266,13 @@ def _wake(done: asyncio.Future[Any], value: Any = None, error: BaseException | N
             done.set_exception(error)
 
 
+def _order(queued: Queued) -> str:
+    return queued[0]
+
+
 def _fail(group: list[Queued], cause: BaseException | None) -> None:
     """``Unavailable`` for each waiting caller of ``group``, an instance of its own."""
-    for _, done in group:
+    for _, _, done in group:
         error = Unavailable("database unavailable")
         error.__cause__ = cause
         _wake(done, error=error)
@@ -309,14 +316,15 @@ class Database:
                     conn.terminate()
                 raise
 
-    async def group_commit(self, sql: str, *args: Any) -> Any:
+    async def group_commit(self, sql: str, *args: Any, order: str = "") -> Any:
         """The first value of the one row ``sql`` returns, in a transaction of its own that
-        it shares with concurrent callers of the same statement (``GroupCommit``). For a
-        statement atomic by itself; store functions reach it through ``write_one``."""
+        it shares with concurrent callers of the same statement (``GroupCommit``; ``order``:
+        its rule 8). For a statement atomic by itself; store functions reach it through
+        ``write_one``."""
         group = self._groups.get(sql)
         if group is None:
             group = self._groups[sql] = GroupCommit(self.connection, sql)
-        return await group.commit(args)
+        return await group.commit(args, order)
 
     def connection(self) -> Pooled:
         """A connection for reads outside an explicit transaction."""
@@ -390,11 +398,12 @@ Writer: TypeAlias = "Connection | Database"
 use case's transaction), or the database (outside one: committed by group commit)."""
 
 
-async def write_one(writer: Writer, sql: str, *args: Any) -> Any:
+async def write_one(writer: Writer, sql: str, *args: Any, order: str = "") -> Any:
     """The first value of the one row ``sql`` returns: on the transaction's connection, or
-    through the database's group commit."""
+    through the database's group commit (in the ``order`` of the rows it locks: its rule
+    8)."""
     if isinstance(writer, Database):
-        return await writer.group_commit(sql, *args)
+        return await writer.group_commit(sql, *args, order=order)
     return await writer.fetchval(sql, *args)
 
 

@@ -132,6 +132,17 @@ async def test_rule_7_a_cancelled_caller_is_not_woken_and_the_others_are() -> No
     assert [done[i] for i in (0, 1, 3)] == [0, 1, 3]
 
 
+async def test_rule_8_a_group_runs_in_the_order_of_the_rows_its_statements_lock() -> None:
+    fake = Fake()
+    group = commits(fake)
+    first = asyncio.create_task(group.commit((0,)))
+    await asyncio.sleep(0)
+    orders = ["run_c", "run_a", "", "run_b", "run_a"]
+    rest = [group.commit((i,), order) for i, order in enumerate(orders, start=1)]
+    assert await asyncio.gather(first, *rest) == [0, 1, 2, 3, 4, 5]  # each its own row
+    assert fake.groups == [[3, 2, 5, 4, 1]]  # "", run_a (as queued), run_a, run_b, run_c
+
+
 @pytest.fixture
 async def facade(lone_database: str) -> AsyncIterator[Database]:
     db = Database(lone_database)

@@ -22,6 +22,7 @@ from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import LATEST_MODERN_VERSION
 
+from app.mcp.router import SESSIONS_PER_USER
 from tests.conftest import Providers
 from tests.flows import Auth, Flow, new_key, refund_args
 from tests.test_instances import Instance, two_instances
@@ -412,6 +413,35 @@ async def test_a_session_answers_only_its_principal_and_elsewhere_is_served_stat
     assert "get_order" not in other.text
     assert elsewhere.status_code == 200, elsewhere.text
     assert "get_order" in {tool["name"] for tool in elsewhere.json()["result"]["tools"]}
+
+
+async def test_one_user_holds_a_bounded_number_of_sessions_then_is_served_statelessly(
+    servers: list[Instance], auth: Auth
+) -> None:
+    """The sessions of one process are shared by every user: no one user may hold them all."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"elicitation": {}},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(base_url=servers[1].url) as http:
+        opened = [
+            await http.post("/mcp", json=initialize, headers={**auth(sub="erin"), **accept})
+            for _ in range(SESSIONS_PER_USER + 1)
+        ]
+        other = await http.post("/mcp", json=initialize, headers={**auth(sub="frank"), **accept})
+    assert [answer.status_code for answer in opened] == [200] * (SESSIONS_PER_USER + 1)
+    sessions = [answer.headers.get("mcp-session-id") for answer in opened]
+    assert None not in sessions[:-1]
+    assert sessions[-1] is None  # one more: served, statelessly
+    assert opened[-1].json()["result"]["protocolVersion"] == "2025-06-18"
+    assert other.headers.get("mcp-session-id") is not None  # another user still gets one
 
 
 async def post_call(

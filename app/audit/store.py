@@ -59,11 +59,14 @@ async def append(conn: Connection, event: AuditEvent) -> None:
 _AFTER: dict[tuple[str, int], str] = {}
 
 
-async def append_after(conn: Writer, changes: str, args: Sequence[Any], event: AuditEvent) -> bool:
+async def append_after(
+    conn: Writer, changes: str, args: Sequence[Any], event: AuditEvent, order: str = ""
+) -> bool:
     """Apply ``changes`` — data-modifying CTEs, the first named ``change`` and ``RETURNING``
     the rows it touched — and append ``event`` only if ``change`` touched a row, all in one
-    statement: atomic even outside a transaction, and one round trip instead of four.
-    Whether ``change`` touched a row."""
+    statement: atomic even outside a transaction, and one round trip instead of four
+    (``order``: of the rows ``changes`` lock, as ``write_one`` takes it). Whether ``change``
+    touched a row."""
     key = (changes, len(args))
     sql = _AFTER.get(key)
     if sql is None:
@@ -73,7 +76,7 @@ async def append_after(conn: Writer, changes: str, args: Sequence[Any], event: A
             f"WITH {changes}, audit AS (INSERT INTO audit_events ({', '.join(_COLUMNS)}) "
             f"SELECT {params} WHERE EXISTS (SELECT 1 FROM change)) SELECT count(*) FROM change"
         )
-    return bool(await write_one(conn, sql, *args, *_INSERT.values(event)))
+    return bool(await write_one(conn, sql, *args, *_INSERT.values(event), order=order))
 
 
 # Reading and sealing. A transaction that touches several audit tables reads

@@ -321,7 +321,7 @@ async def _record_read(
         if request.run_id is not None
         else None
     )
-    if not request.catalog.subscribers(webhooks.CALL_EXECUTED):
+    if not request.catalog.subscribers(webhooks.CALL_EXECUTED) and not (told and told.heavy):
         await _write_call(state.db, existing, row, event, told)
     else:
         async with state.db.transaction() as conn:

@@ -66,9 +66,11 @@ async def _append_after(
     conn: Writer, change: str, args: tuple[Any, ...], event: AuditEvent, told: runs.Told | None
 ) -> None:
     """``append_after``, and, in the same statement, what the result ``told`` its run."""
-    if told is not None:
+    if told is None:
+        await append_after(conn, change, args, event)
+    else:  # the run's rows locked in the order of its id, in any group (``write_one``)
         change, args = f"{change}, {runs.told(len(args) + 1)}", (*args, *told)
-    await append_after(conn, change, args, event)
+        await append_after(conn, change, args, event, order=told.run_id)
 
 
 async def set_state(

@@ -22,7 +22,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.middleware.bearer_auth import (
+    AuthenticatedUser,
+    AuthorizationContext,
+    authorization_context,
+)
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -43,6 +47,8 @@ ASKING_REVISIONS = frozenset({"2025-06-18", "2025-11-25"})
 """The handshake revisions that define elicitation."""
 MAX_SESSIONS = 1_000
 """Sessions one process holds at most; past that, new clients are served statelessly."""
+SESSIONS_PER_USER = 8
+"""Sessions one user holds at most in one process (so that no one user holds them all)."""
 SESSION_IDLE_S = 30 * 60
 """A session without a request in flight for this long ends."""
 
@@ -103,30 +109,39 @@ class Endpoint:
             )(scope, receive, send)
             return
         scope[SCOPE_KEY] = Caller.verified(state, principal, token, base_url)
+        # The SDK binds a session to the user that opened it: to anyone else it does not
+        # exist (so no one else can use it, or answer the questions asked in it).
+        user = AuthenticatedUser(
+            AccessToken(token="", client_id=principal.tenant, scopes=[], subject=principal.sub)
+        )
         manager = self.stateless
         session = request.headers.get(MCP_SESSION_ID_HEADER)
         if session is not None:
-            if session in self._held():
+            if session in self._owners():
                 manager = self.sessions
         elif MCP_PROTOCOL_VERSION_HEADER not in request.headers:
             body = await request.body()  # a handshake's first request: small, and bounded
             receive = _replaying(body, receive)
             streams = "text/event-stream" in request.headers.get("accept", "")
-            if streams and asks_for_a_session(body) and len(self._held()) < MAX_SESSIONS:
+            if streams and asks_for_a_session(body) and self._room(authorization_context(user)):
                 manager = self.sessions
         if manager is self.sessions:
-            # The SDK binds a session to the principal that opened it: any other is told
-            # the session does not exist (and cannot answer the questions asked in it).
-            scope["user"] = AuthenticatedUser(
-                AccessToken(token="", client_id=principal.tenant, scopes=[], subject=principal.sub)
-            )
+            scope["user"] = user
         await manager.handle_request(scope, receive, send)
 
-    def _held(self) -> dict[str, Any]:
-        """The sessions this process holds, by id (the SDK's own registry: it has no public
-        view of it; ``mcp`` is pinned, and the tests fail if the name moves)."""
-        held: dict[str, Any] = self.sessions._server_instances
-        return held
+    def _owners(self) -> dict[str, AuthorizationContext]:
+        """The sessions this process holds, and whose each is (the SDK's own registry: it
+        has no public view of it; ``mcp`` is pinned, and the tests fail if the name moves)."""
+        owners: dict[str, AuthorizationContext] = self.sessions._session_owners
+        return owners
+
+    def _room(self, owner: AuthorizationContext) -> bool:
+        """Whether ``owner`` may open another session here (``MAX_SESSIONS``,
+        ``SESSIONS_PER_USER``; checked outside the SDK's lock, so requests opening sessions
+        at the same moment may pass these bounds by as many)."""
+        owners = self._owners()
+        mine = sum(1 for held in owners.values() if held == owner)
+        return len(owners) < MAX_SESSIONS and mine < SESSIONS_PER_USER
 
 
 def asks_for_a_session(body: bytes) -> bool:

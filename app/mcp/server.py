@@ -86,6 +86,8 @@ async def call_tool(
     try:
         outcome = await calls.call_tool(caller.state, ask)
         if isinstance(outcome, calls.Elicit) and ctx.session.can_send_request:
+            # Its answer comes in a request of its own, verified as any (a token of the same
+            # user: the session is theirs), and acts as this request's principal.
             reply = await asked(ctx, outcome)
             retry = replace(ask, answer=reply, request_state=outcome.request_state)
             outcome = await calls.call_tool(caller.state, retry)

@@ -16,9 +16,7 @@ _INSERT = Insert.of(
 
 
 async def insert(conn: Connection, run: RunRow) -> None:
-    """The run, and its memory (``Told``), empty."""
     await conn.execute(_INSERT.sql, *_INSERT.values(run))
-    await conn.execute("INSERT INTO run_memory (run_id) VALUES ($1)", run.id)
 
 
 async def get(conn: Connection, run_id: str, *, lock: bool = False) -> RunRow | None:
@@ -72,14 +70,7 @@ async def admit_at_once(
     deployment) took the index of the actor's runs and read every run of theirs to admit
     one call (measured: 0.3 ms of PostgreSQL for 400 runs, growing with each run)."""
     admitted = await write_one(
-        writer,
-        ADMIT_AT_ONCE,
-        run_id,
-        calls,
-        cost,
-        tenant,
-        actor,
-        fingerprint,
+        writer, ADMIT_AT_ONCE, run_id, calls, cost, tenant, actor, fingerprint, order=run_id
     )
     return bool(admitted)
 
@@ -158,6 +149,10 @@ async def calls_of(conn: Connection, run_id: str) -> list[RunCall]:
 # Provenance: the windows a run remembers (``app.runs.provenance``).
 
 
+HEAVY_WINDOWS = 10_000
+"""Windows of one result past which it is recorded in a transaction of its own."""
+
+
 class Told(NamedTuple):
     """What one result tells its run (``told``)."""
 
@@ -178,6 +173,12 @@ class Told(NamedTuple):
     most_windows: int
     most_trusted: int
 
+    @property
+    def heavy(self) -> bool:
+        """Too many windows to store beside other requests' statements in a group commit:
+        storing them takes long enough to hold that group up (``HEAVY_WINDOWS``)."""
+        return self.windows is not None and len(self.windows) > HEAVY_WINDOWS
+
 
 @cache
 def told(first: int) -> str:
@@ -185,16 +186,27 @@ def told(first: int) -> str:
     parameters ``$first`` on): the failure and repeat counters; the windows the run did not
     hold yet, while they fit (else, from this call on, the run has forgotten: every judged
     argument counts as tainted); the trusted words, while they fit. One statement with the
-    call's own record (``calls.store``), or on its own. The memory row's lock orders the
-    results of one run; the windows counted new are those the statement's snapshot did not
-    hold, so concurrent results of one run may count a window twice (the bound then holds
-    early, never late)."""
+    call's own record (``calls.store``), or on its own.
+
+    The memory row is written as if the run remembered nothing yet (``EXCLUDED``: the new
+    windows and words, or the call it forgets from when they do not fit even then), or, when
+    it has a row, added to it under the row's lock, which orders the results of one run.
+    The windows counted new are those the statement's snapshot did not hold, so concurrent
+    results of one run may count a window twice: the bound then holds early, never late."""
     types = ("text", "text", "boolean", "boolean", "bigint[]", "text", "boolean", "text")
     (run, fingerprint, failed, empty, windows, call, overflow, trusted, most, most_trusted) = (
         f"${first + i}::{kind}" for i, kind in enumerate((*types, "int", "int"))
     )
-    fits = f"(m.forgotten_after IS NULL AND NOT {overflow} AND m.windows + f.n <= {most})"
-    keep = f"({trusted} IS NOT NULL AND m.trusted_chars + length({trusted}) <= {most_trusted})"
+    alone = f"(NOT {overflow} AND f.n <= {most})"
+    kept = f"({trusted} IS NOT NULL AND length({trusted}) <= {most_trusted})"
+    fits = (
+        "(m.forgotten_after IS NULL AND EXCLUDED.forgotten_after IS NULL"
+        f" AND m.windows + EXCLUDED.windows <= {most})"
+    )
+    keep = (
+        "(EXCLUDED.trusted_chars > 0"
+        f" AND m.trusted_chars + EXCLUDED.trusted_chars <= {most_trusted})"
+    )
     return f"""
     run_failed AS (
         UPDATE runs SET failures = failures + 1, updated_at = now()
@@ -208,14 +220,21 @@ def told(first: int) -> str:
         SELECT DISTINCT w FROM unnest({windows}) w
         WHERE NOT EXISTS (SELECT 1 FROM run_windows x WHERE x.run_id = {run} AND x.window_id = w)),
     run_told AS (
-        UPDATE run_memory m SET
-            windows = m.windows + CASE WHEN {fits} THEN f.n ELSE 0 END,
+        INSERT INTO run_memory AS m (run_id, windows, forgotten_after, trusted, trusted_chars)
+        SELECT {run},
+            CASE WHEN {alone} THEN f.n ELSE 0 END,
+            CASE WHEN {alone} THEN NULL ELSE {call} END,
+            CASE WHEN {kept} THEN ARRAY[{trusted}] ELSE '{{}}' END,
+            CASE WHEN {kept} THEN length({trusted}) ELSE 0 END
+        FROM (SELECT count(*)::int AS n FROM run_fresh) f
+        WHERE {windows} IS NOT NULL OR {overflow} OR {trusted} IS NOT NULL
+        ON CONFLICT (run_id) DO UPDATE SET
+            windows = m.windows + CASE WHEN {fits} THEN EXCLUDED.windows ELSE 0 END,
             forgotten_after = CASE WHEN {fits} THEN NULL
                               ELSE coalesce(m.forgotten_after, {call}) END,
-            trusted = CASE WHEN {keep} THEN m.trusted || ARRAY[{trusted}] ELSE m.trusted END,
-            trusted_chars = m.trusted_chars + CASE WHEN {keep} THEN length({trusted}) ELSE 0 END
-        FROM (SELECT count(*)::int AS n FROM run_fresh) f
-        WHERE m.run_id = {run} AND ({windows} IS NOT NULL OR {overflow} OR {trusted} IS NOT NULL)
+            trusted = CASE WHEN {keep} THEN m.trusted || EXCLUDED.trusted ELSE m.trusted END,
+            trusted_chars = m.trusted_chars
+                            + CASE WHEN {keep} THEN EXCLUDED.trusted_chars ELSE 0 END
         RETURNING m.forgotten_after IS NULL AS fits),
     run_remembered AS (
         INSERT INTO run_windows (run_id, window_id, source_call_id)
@@ -225,7 +244,7 @@ def told(first: int) -> str:
 
 async def tell(writer: Writer, result: Told) -> None:
     """Store what ``result`` tells its run, on its own (``told``)."""
-    await write_one(writer, f"WITH {told(1)} SELECT 1", *result)
+    await write_one(writer, f"WITH {told(1)} SELECT 1", *result, order=result.run_id)
 
 
 async def set_scope(conn: Connection, run_id: str, tools: list[str], outside: str) -> None:
