@@ -465,6 +465,41 @@ CASES: dict[str, Case] = {
 }
 
 
+# A value YAML writes as another type is not read as the one meant: pydantic's lax mode
+# would take ``true`` for 1, ``"false"`` for false and ``"2"`` for 2.
+CASES.update(
+    {
+        f"{name}_of_another_type": Case(old, new, path, line=new.strip().split("\n")[0])
+        for name, old, new, path in [
+            (
+                "ttl_s",
+                "ttl_s: 300}",
+                "ttl_s: true}",
+                ("tools", "issue_refund", "approval", "ttl_s"),
+            ),
+            (
+                "quorum",
+                "ttl_s: 300}",
+                "ttl_s: 300, quorum: true}",
+                ("tools", "issue_refund", "approval", "quorum"),
+            ),
+            (
+                "mutation",
+                "    mutation: false\n    provider: billing\n    execute: {method: GET",
+                '    mutation: "true"\n    provider: billing\n    execute: {method: GET',
+                ("tools", "get_order", "mutation"),
+            ),
+            (
+                "timeout_s",
+                "timeout_s: 2}",
+                'timeout_s: "2"}',
+                ("providers", "billing", "timeout_s"),
+            ),
+        ]
+    }
+)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_check_refuses_and_locates_the_problem(name: str, tmp_path: Path) -> None:
     case = CASES[name]

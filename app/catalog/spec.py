@@ -20,7 +20,9 @@ TOOL_NAME = "^[A-Za-z0-9_-]{1,64}$"
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True
+    )
 
 
 class ProviderSpec(_Spec):
