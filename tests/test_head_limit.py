@@ -201,6 +201,10 @@ async def test_a_websocket_upgrade_is_answered_as_a_request_and_not_logged(
     served = Instance(env, log=log)
     try:
         await served.ready()
+        for _ in range(50):  # start-up's own lines, which the log's thread may write late
+            if b"CTRL+C to quit" in log.read_bytes():  # uvicorn's last line of start-up
+                break
+            await asyncio.sleep(0.1)
         started = log.read_bytes().count(b"\n")
         for path in (b"/x", b"/mcp", b"/" + b"a" * 9000):
             with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
