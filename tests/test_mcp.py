@@ -383,23 +383,29 @@ async def test_a_handshake_client_sent_to_the_console_waits_in_the_stream_for_th
     assert await effects(providers, "/crm/customers/cus_dave") == 1
 
 
-async def test_a_session_answers_only_its_principal_and_elsewhere_is_served_statelessly(
-    servers: list[Instance], auth: Auth
-) -> None:
-    initialize = {
+def initialize(revision: str, elicitation: dict[str, Any]) -> dict[str, Any]:
+    """A handshake client's ``initialize`` that declares ``elicitation``."""
+    return {
         "jsonrpc": "2.0",
         "id": 1,
         "method": "initialize",
         "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {"elicitation": {"form": {}}},
+            "protocolVersion": revision,
+            "capabilities": {"elicitation": elicitation},
             "clientInfo": {"name": "test", "version": "1"},
         },
     }
+
+
+async def test_a_session_answers_only_its_principal_and_elsewhere_is_served_statelessly(
+    servers: list[Instance], auth: Auth
+) -> None:
     listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
     accept = {"Accept": "application/json, text/event-stream"}
     async with httpx.AsyncClient(base_url=servers[0].url) as http:
-        opened = await http.post("/mcp", json=initialize, headers={**auth(), **accept})
+        opened = await http.post(
+            "/mcp", json=initialize("2025-11-25", {"form": {}}), headers={**auth(), **accept}
+        )
         session = opened.headers["mcp-session-id"]
         in_session = {**accept, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
         own = await http.post("/mcp", json=listing, headers={**auth(), **in_session})
@@ -419,23 +425,14 @@ async def test_one_user_holds_a_bounded_number_of_sessions_then_is_served_statel
     servers: list[Instance], auth: Auth
 ) -> None:
     """The sessions of one process are shared by every user: no one user may hold them all."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {"elicitation": {}},
-            "clientInfo": {"name": "test", "version": "1"},
-        },
-    }
+    opening = initialize("2025-06-18", {})
     accept = {"Accept": "application/json, text/event-stream"}
     async with httpx.AsyncClient(base_url=servers[1].url) as http:
         opened = [
-            await http.post("/mcp", json=initialize, headers={**auth(sub="erin"), **accept})
+            await http.post("/mcp", json=opening, headers={**auth(sub="erin"), **accept})
             for _ in range(SESSIONS_PER_USER + 1)
         ]
-        other = await http.post("/mcp", json=initialize, headers={**auth(sub="frank"), **accept})
+        other = await http.post("/mcp", json=opening, headers={**auth(sub="frank"), **accept})
     assert [answer.status_code for answer in opened] == [200] * (SESSIONS_PER_USER + 1)
     sessions = [answer.headers.get("mcp-session-id") for answer in opened]
     assert None not in sessions[:-1]
