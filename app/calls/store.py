@@ -69,7 +69,7 @@ async def _append_after(
     if told is None:
         await append_after(conn, change, args, event)
     else:  # the run's rows locked in the order of its id, in any group (``write_one``)
-        change, args = f"{change}, {runs.told(len(args) + 1)}", (*args, *told)
+        change, args = f"{change}, {runs.telling(len(args) + 1)}", (*args, *told)
         await append_after(conn, change, args, event, order=told.run_id)
 
 

@@ -230,7 +230,7 @@ def told(
     arguments: Any,
     counted: bool = True,
 ) -> store.Told:
-    """What a result tells its run (``store.told``): if ``counted``, a failure or an empty
+    """What a result tells its run (``store.telling``): if ``counted``, a failure or an empty
     result for its counters; and its strings. A ``trusted`` tool's result, when it
     succeeded, endorses later values by its words; any other result taints later arguments
     by its strings' windows (not those that only echo the call's own ``arguments``). A

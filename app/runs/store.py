@@ -154,7 +154,7 @@ HEAVY_WINDOWS = 10_000
 
 
 class Told(NamedTuple):
-    """What one result tells its run (``told``)."""
+    """What one result tells its run (``telling`` stores it)."""
 
     run_id: str
     fingerprint: str
@@ -181,7 +181,7 @@ class Told(NamedTuple):
 
 
 @cache
-def told(first: int) -> str:
+def telling(first: int) -> str:
     """Data-modifying CTEs that store what a result tells its run (``Told``'s fields as
     parameters ``$first`` on): the failure and repeat counters; the windows the run did not
     hold yet, while they fit (else, from this call on, the run has forgotten: every judged
@@ -243,8 +243,8 @@ def told(first: int) -> str:
 
 
 async def tell(writer: Writer, result: Told) -> None:
-    """Store what ``result`` tells its run, on its own (``told``)."""
-    await write_one(writer, f"WITH {told(1)} SELECT 1", *result, order=result.run_id)
+    """Store what ``result`` tells its run, on its own (``telling``)."""
+    await write_one(writer, f"WITH {telling(1)} SELECT 1", *result, order=result.run_id)
 
 
 async def set_scope(conn: Connection, run_id: str, tools: list[str], outside: str) -> None:
