@@ -329,6 +329,26 @@ async def test_a_handshake_client_that_elicits_approves_its_refund_in_the_stream
     assert await db.fetchval("SELECT count(*) FROM executions") == 1
 
 
+async def test_identical_calls_of_a_handshake_client_at_once_ask_once_and_run_once(
+    servers: list[Instance], token: Tokens, providers: Providers, db: asyncpg.Connection
+) -> None:
+    asked: list[types.ElicitRequestParams] = []
+    approve = answering(asked, types.ElicitResult(action="accept", content={"decision": "approve"}))
+    async with connected(
+        servers[:1], token(), mode="legacy", elicitation_callback=approve
+    ) as client:
+        results = await asyncio.gather(
+            *(client.call_tool("issue_refund", refund_args(150.0)) for _ in range(3))
+        )
+    answers = [structured(r)["code" if r.is_error else "status"] for r in results]
+    assert "succeeded" in answers
+    # Sent while the first was proposed: "send it again"; or asked again and found it used.
+    assert set(answers) <= {"succeeded", "idempotency_in_flight", "approval_consumed"}, answers
+    assert 1 <= len(asked) <= len(results)
+    assert await effects(providers, REFUNDS) == 1
+    assert await db.fetchval("SELECT count(*) FROM executions") == 1
+
+
 async def test_a_handshake_client_that_declines_is_told_the_call_waits_for_approvers(
     servers: list[Instance], token: Tokens, providers: Providers, db: asyncpg.Connection
 ) -> None:
