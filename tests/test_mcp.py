@@ -99,6 +99,15 @@ def answering(asked: list[types.ElicitRequestParams], answer: types.ElicitResult
     return callback
 
 
+APPROVE = types.ElicitResult(action="accept", content={"decision": "approve"})
+
+
+def in_a_session(servers: list[Instance], token: str, callback: Any) -> Any:
+    """A handshake-revision client that elicits through ``callback``: its session lives in
+    one instance, so all its requests go there."""
+    return connected(servers[:1], token, mode="legacy", elicitation_callback=callback)
+
+
 def structured(result: types.CallToolResult) -> dict[str, Any]:
     assert isinstance(result.structured_content, dict), result
     return result.structured_content
@@ -195,7 +204,7 @@ async def test_a_client_that_elicits_lets_the_owner_approve_in_a_form_and_the_re
     servers: list[Instance], token: Tokens, providers: Providers, db: asyncpg.Connection
 ) -> None:
     asked: list[types.ElicitRequestParams] = []
-    approve = answering(asked, types.ElicitResult(action="accept", content={"decision": "approve"}))
+    approve = answering(asked, APPROVE)
     async with connected(servers, token(), elicitation_callback=approve) as client:
         result = await client.call_tool("issue_refund", {"order_id": "ord_1", "amount": 150.0})
     assert result.is_error is False, result
@@ -310,10 +319,8 @@ async def test_a_handshake_client_that_elicits_approves_its_refund_in_the_stream
     """Asked in the stream of its ``tools/call`` (its session's instance alone answers)."""
     monkeypatch.setattr("mcp.client.session.LATEST_HANDSHAKE_VERSION", revision)
     asked: list[types.ElicitRequestParams] = []
-    approve = answering(asked, types.ElicitResult(action="accept", content={"decision": "approve"}))
-    async with connected(
-        servers[:1], token(), mode="legacy", elicitation_callback=approve
-    ) as client:
+    approve = answering(asked, APPROVE)
+    async with in_a_session(servers, token(), approve) as client:
         result = await client.call_tool("issue_refund", refund_args(150.0))
         assert client.protocol_version == revision
     assert result.is_error is False, result
@@ -333,10 +340,8 @@ async def test_identical_calls_of_a_handshake_client_at_once_ask_once_and_run_on
     servers: list[Instance], token: Tokens, providers: Providers, db: asyncpg.Connection
 ) -> None:
     asked: list[types.ElicitRequestParams] = []
-    approve = answering(asked, types.ElicitResult(action="accept", content={"decision": "approve"}))
-    async with connected(
-        servers[:1], token(), mode="legacy", elicitation_callback=approve
-    ) as client:
+    approve = answering(asked, APPROVE)
+    async with in_a_session(servers, token(), approve) as client:
         results = await asyncio.gather(
             *(client.call_tool("issue_refund", refund_args(150.0)) for _ in range(3))
         )
@@ -354,9 +359,7 @@ async def test_a_handshake_client_that_declines_is_told_the_call_waits_for_appro
 ) -> None:
     asked: list[types.ElicitRequestParams] = []
     decline = answering(asked, types.ElicitResult(action="decline"))
-    async with connected(
-        servers[:1], token(), mode="legacy", elicitation_callback=decline
-    ) as client:
+    async with in_a_session(servers, token(), decline) as client:
         result = await client.call_tool("issue_refund", refund_args(150.0))
     assert len(asked) == 1
     assert result.is_error is False
@@ -392,9 +395,7 @@ async def test_a_handshake_client_sent_to_the_console_waits_in_the_stream_for_th
         return types.ElicitResult(action="accept")
 
     args = {"customer_id": "cus_dave", "email": "new@acme.example"}
-    async with connected(
-        servers[:1], token(), mode="legacy", elicitation_callback=open_and_approve
-    ) as client:
+    async with in_a_session(servers, token(), open_and_approve) as client:
         result = await client.call_tool("update_customer_email", args)
     assert decided == [200]
     assert len(asked) == 1

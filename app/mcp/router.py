@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
+from app.auth.principal import Principal
 from app.deps import bearer_token, state_of
 from app.errors import InvalidRequest, ToolgateError
 from app.mcp import server
@@ -109,25 +110,20 @@ class Endpoint:
             )(scope, receive, send)
             return
         scope[SCOPE_KEY] = Caller.verified(state, principal, token, base_url)
-        # The SDK binds a session to the user that opened it: to anyone else it does not
-        # exist (so no one else can use it, or answer the questions asked in it).
-        user = AuthenticatedUser(
-            AccessToken(token="", client_id=principal.tenant, scopes=[], subject=principal.sub)
-        )
-        manager = self.stateless
         session = request.headers.get(MCP_SESSION_ID_HEADER)
-        if session is not None:
-            if session in self._owners():
-                manager = self.sessions
-        elif MCP_PROTOCOL_VERSION_HEADER not in request.headers:
+        in_session = session is not None and session in self._owners()
+        if session is None and MCP_PROTOCOL_VERSION_HEADER not in request.headers:
             body = await request.body()  # a handshake's first request: small, and bounded
             receive = _replaying(body, receive)
             streams = "text/event-stream" in request.headers.get("accept", "")
-            if streams and asks_for_a_session(body) and self._room(authorization_context(user)):
-                manager = self.sessions
-        if manager is self.sessions:
-            scope["user"] = user
-        await manager.handle_request(scope, receive, send)
+            in_session = streams and asks_for_a_session(body) and self._room(principal)
+        if not in_session:
+            await self.stateless.handle_request(scope, receive, send)
+            return
+        # The SDK binds a session to the user that opened it: to anyone else it does not
+        # exist (so no one else can use it, or answer the questions asked in it).
+        scope["user"] = _user(principal)
+        await self.sessions.handle_request(scope, receive, send)
 
     def _owners(self) -> dict[str, AuthorizationContext]:
         """The sessions this process holds, and whose each is (the SDK's own registry: it
@@ -135,13 +131,20 @@ class Endpoint:
         owners: dict[str, AuthorizationContext] = self.sessions._session_owners
         return owners
 
-    def _room(self, owner: AuthorizationContext) -> bool:
-        """Whether ``owner`` may open another session here (``MAX_SESSIONS``,
+    def _room(self, principal: Principal) -> bool:
+        """Whether ``principal`` may open another session here (``MAX_SESSIONS``,
         ``SESSIONS_PER_USER``; checked outside the SDK's lock, so requests opening sessions
         at the same moment may pass these bounds by as many)."""
-        owners = self._owners()
+        owners, owner = self._owners(), authorization_context(_user(principal))
         mine = sum(1 for held in owners.values() if held == owner)
         return len(owners) < MAX_SESSIONS and mine < SESSIONS_PER_USER
+
+
+def _user(principal: Principal) -> AuthenticatedUser:
+    """``principal`` as the SDK names a session's owner (tenant and subject)."""
+    return AuthenticatedUser(
+        AccessToken(token="", client_id=principal.tenant, scopes=[], subject=principal.sub)
+    )
 
 
 def asks_for_a_session(body: bytes) -> bool:
