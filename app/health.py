@@ -6,7 +6,7 @@ import asyncio
 from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from typing_extensions import TypedDict
 
 from app.deps import State
 from app.errors import Unavailable
@@ -15,11 +15,11 @@ from app.responses import JSON, problem, problems
 router = APIRouter()
 
 
-class Alive(BaseModel):
+class Alive(TypedDict):
     status: Literal["ok"]
 
 
-class Ready(BaseModel):
+class Ready(TypedDict):
     """``checks``: the catalog's policy version, and ``ok`` or ``unreachable`` for the
     database and Redis (the same in the 503 problem when one is unreachable)."""
 

@@ -313,7 +313,12 @@ def audit_row(seq: int, age_s: float, reason: str, amount: float) -> AuditRow:
         policy_version="v1#abc",
         approval_id=None,
         proposed_by="model",
-        authorized_by={"kind": "policy", "sub": "alice"},
+        authorized_by={
+            "kind": "policy",
+            "sub": "alice",
+            "tenant": "acme",
+            "policy_version": "v1#abc",
+        },
         outcome={"status": "succeeded"},
         total_ms=amount,
         provider_ms=None,

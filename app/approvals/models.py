@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from app.bodies import Body, Id, Text
-from app.calls import answers
+from app.calls.answers import Timestamp
+from app.evidence import Binding, EndorsementItem, Taint, Target
 
 
 class ApproveBody(Body):
@@ -26,38 +27,38 @@ class ApproveBody(Body):
 # --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------
 
 
-class ApprovalAnswer(BaseModel):
+class ApprovalAnswer(TypedDict):
     """``POST /approve``: the decision, stored with what it binds."""
 
     approval_id: str
     call_id: str
     decision: Literal["approve", "reject"]
-    expires_at: datetime | None
-    binding: answers.Binding
-    approvals: str | None = None
+    expires_at: Timestamp | None
+    binding: Binding
+    approvals: NotRequired[str | None]
     """For an approval: how many approvers agree on what it binds, of how many the tool
     needs (``approval.quorum``), as ``k/N``; the call runs once ``k`` reaches ``N``."""
 
 
-class InboxItem(BaseModel):
+class InboxItem(TypedDict):
     """A request the caller may decide. ``arguments`` has sensitive values masked; a pending
     request shows them in ``sensitive_arguments``, to the approvers who decide it."""
 
     call_id: str
     tool: str
     actor: str
-    target: answers.Target | None
+    target: Target | None
     arguments: dict[str, Any]
     impact: str | None
     snapshot: Any
     snapshot_hash: str | None
-    requested_at: datetime
-    expires_at: datetime | None
+    requested_at: Timestamp
+    expires_at: Timestamp | None
     status: Literal["pending", "approved", "rejected", "expired"]
-    taint: list[answers.Taint]
-    endorsement: list[answers.EndorsementItem] | None = None
-    sensitive_arguments: dict[str, Any] | None = None
-    summary: dict[str, Any] = {}
+    taint: list[Taint]
+    endorsement: NotRequired[list[EndorsementItem] | None]
+    sensitive_arguments: NotRequired[dict[str, Any] | None]
+    summary: NotRequired[dict[str, Any]]
     """The values of the arguments the tool's ``approval.summary`` names, as sent (absent
     ones left out): what tells this request from others of the same tool."""
     approvals: str
@@ -65,7 +66,7 @@ class InboxItem(BaseModel):
     (``approval.quorum``), as ``k/N``."""
 
 
-class Inbox(BaseModel):
+class Inbox(TypedDict):
     """``GET /approvals``: newest first; ``next_cursor`` is null on the last page."""
 
     items: list[InboxItem]

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app import cursors
-from app.approvals.models import ApproveBody
+from app.approvals.models import ApprovalAnswer, ApproveBody, Inbox, InboxItem
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import policy
@@ -40,7 +40,7 @@ from app.state import AppState
 from app.webhooks import store as webhooks
 
 
-async def approve(state: AppState, principal: Principal, body: ApproveBody) -> dict[str, Any]:
+async def approve(state: AppState, principal: Principal, body: ApproveBody) -> ApprovalAnswer:
     started = time.perf_counter()
     catalog = state.catalog
     async with state.db.connection() as conn:
@@ -179,7 +179,7 @@ def _remembered(tool: Tool, call: CallRow, body: ApproveBody) -> list[tuple[str,
     ]
 
 
-def _answer(approval: ApprovalRow) -> dict[str, Any]:
+def _answer(approval: ApprovalRow) -> ApprovalAnswer:
     return {
         "approval_id": approval.id,
         "call_id": approval.call_id,
@@ -241,9 +241,7 @@ async def _check_ownership(state: AppState, tool: Tool, call: CallRow) -> None:
 PAGE_SIZE = 50
 
 
-async def inbox(
-    state: AppState, principal: Principal, status: str, cursor: str | None
-) -> dict[str, Any]:
+async def inbox(state: AppState, principal: Principal, status: str, cursor: str | None) -> Inbox:
     """Requests this principal may decide, in their tenant, newest first. A pending request
     also carries its sensitive values unmasked (``sensitive_arguments``): the approver must
     see what they approve; ``arguments`` stays masked, as in every listing.
@@ -264,7 +262,7 @@ async def inbox(
     items = []
     for row in rows:
         tool = catalog.tools[row.tool]
-        item = {
+        item: InboxItem = {
             "call_id": row.call_id,
             "tool": row.tool,
             "actor": row.actor,

@@ -14,12 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from app.audit.models import AuditRow, Broken, ChainHead, Gap, Seal, Unchained
+from app.audit.models import AuditItem, AuditRow, Broken, ChainHead, Gap, Seal, Unchained
 from app.canonical import SAFE_INTEGER, digest
 
 GENESIS = "sha256:" + "0" * 64
@@ -29,7 +29,7 @@ def rfc3339(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def item(row: AuditRow) -> dict[str, Any]:
+def item(row: AuditRow) -> AuditItem:
     """The row as ``GET /audit`` and the export publish it, and as it is hashed. Only the
     JSON and floating-point columns can hold numbers JCS cannot express."""
     return {
@@ -140,16 +140,18 @@ def row_hash(row: AuditRow, prev_hash: str) -> str:
     return _hash(item(row), prev_hash)
 
 
-def _hash(document: dict[str, Any], prev_hash: str) -> str:
-    del document["hash"]
-    document["prev_hash"] = prev_hash
-    return digest(document)
+def _hash(document: Mapping[str, Any], prev_hash: str) -> str:
+    """The hash of a published row: of everything it shows but its own hash, linked to the
+    row before it by ``prev_hash``."""
+    hashed = {name: value for name, value in document.items() if name != "hash"}
+    hashed["prev_hash"] = prev_hash
+    return digest(hashed)
 
 
 _DOCUMENTS = ("target", "arguments", "authorized_by", "outcome")
 
 
-def stood_in(document: dict[str, Any]) -> list[str]:
+def stood_in(document: Mapping[str, Any]) -> list[str]:
     """The JSON fields of a published row that hold a stand-in (``_omitted``, or the
     database facade's for a document it could not read) instead of what is stored."""
     return [
@@ -251,11 +253,11 @@ def check_items(walk: Walk, items: Iterable[dict[str, Any]], end: int) -> Walk:
     return walk
 
 
-def _link(walk: Walk, document: dict[str, Any], end: int) -> Walk:
+def _link(walk: Walk, document: Mapping[str, Any], end: int) -> Walk:
     """``walk`` moved on by the published row ``document`` at the next position."""
     expected, seq = walk.chain_pos + 1, document.get("seq")
     stored, prev_hash = document.get("hash"), document.get("prev_hash")
-    computed = _hash(dict(document), walk.hash)
+    computed = _hash(document, walk.hash)
     broken = None
     if expected > end:
         broken = f"sealed beyond the recorded chain head (position {end})"

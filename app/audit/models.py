@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel
+from typing_extensions import TypedDict
+
+from app.evidence import AuthorizedBy, Target
 
 Event = Literal[
     "proposed",
@@ -37,7 +39,7 @@ class AuditRow:
     call_id: str | None
     run_id: str | None
     tool: str | None
-    target: dict[str, str] | None
+    target: Target | None
     fingerprint: str | None
     arguments: Any
     decision: str | None
@@ -46,7 +48,7 @@ class AuditRow:
     policy_version: str | None
     approval_id: str | None
     proposed_by: str | None
-    authorized_by: dict[str, Any] | None
+    authorized_by: AuthorizedBy | None
     outcome: dict[str, Any] | None
     total_ms: float | None
     provider_ms: float | None
@@ -69,7 +71,7 @@ class CallEvent(NamedTuple):
     reason: str | None
     policy_version: str | None
     approval_id: str | None
-    authorized_by: dict[str, Any] | None
+    authorized_by: AuthorizedBy | None
     outcome: dict[str, Any] | None
     total_ms: float | None
     provider_ms: float | None
@@ -203,7 +205,7 @@ class Broken:
     chain_pos: int
     reason: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> BrokenAnswer:
         return {"seq": self.seq, "chain_pos": self.chain_pos, "reason": self.reason}
 
 
@@ -237,7 +239,7 @@ class VerifyReport:
     """Rows of archive files recomputed and found intact (``verify --archive``)."""
     archive_files: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> Verification:
         return {
             "ok": self.ok,
             "checked": self.checked,
@@ -304,12 +306,12 @@ class VerifyReport:
 # --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------
 
 
-class AuditTimings(BaseModel):
+class AuditTimings(TypedDict):
     total_ms: float | None
     provider_ms: float | None
 
 
-class AuditItem(BaseModel):
+class AuditItem(TypedDict):
     """One audit row as it is published and hashed (``chain.item``)."""
 
     seq: int
@@ -337,20 +339,20 @@ class AuditItem(BaseModel):
     prev_hash: str | None
 
 
-class AuditPage(BaseModel):
+class AuditPage(TypedDict):
     """``GET /audit``: oldest first; ``next_cursor`` is null on the last page."""
 
     items: list[AuditItem]
     next_cursor: str | None
 
 
-class BrokenAnswer(BaseModel):
+class BrokenAnswer(TypedDict):
     seq: int | None
     chain_pos: int
     reason: str
 
 
-class Verification(BaseModel):
+class Verification(TypedDict):
     """``GET /audit/verify``: the chain recomputed, and its signed head checked."""
 
     ok: bool

@@ -14,14 +14,13 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from app import cursors, load
 from app.audit import archive, chain, checkpoints, sealer, store
 from app.audit.checkpoints import Exported, PublicKey, SigningKey
-from app.audit.models import Anchor, AuditFilter, Unchained, VerifyReport
+from app.audit.models import Anchor, AuditFilter, AuditPage, Unchained, VerifyReport
 from app.auth.principal import Principal
 from app.db import Connection, Database, Lock
 from app.errors import Forbidden, InvalidRequest
@@ -115,7 +114,7 @@ def _after(cursor: str | None) -> int | None:
 
 async def page(
     state: AppState, principal: Principal, where: AuditFilter, limit: int, cursor: str | None
-) -> dict[str, Any]:
+) -> AuditPage:
     """One page, oldest first; ``next_cursor`` is null on the last page."""
     where = readable(state.settings, principal, where)
     async with state.db.connection() as conn:

@@ -23,6 +23,7 @@ from app.audit.models import (
     Unchained,
 )
 from app.db import Connection, Insert, Record, Writer, one_row, write_one
+from app.evidence import Target
 
 
 class AuditEvent(NamedTuple):
@@ -32,7 +33,7 @@ class AuditEvent(NamedTuple):
     call_id: str | None = None
     run_id: str | None = None
     tool: str | None = None
-    target: dict[str, str] | None = None
+    target: Target | None = None
     fingerprint: str | None = None
     arguments: Any = None
     """Arguments with sensitive values already masked."""

@@ -1,59 +1,29 @@
-"""What the call endpoints answer, as the OpenAPI document describes it.
+"""What the call endpoints answer: the contract, typed once.
 
-The endpoints build their answers as plain JSON (``app.responses.JSON``), so nothing is
-validated twice on the request path; these models are the contract, and the tests check
-real answers against the schemas made from them. Members may be added; none is removed.
+Each answer is a ``TypedDict``, and both sides of the contract are made from it: the OpenAPI
+document's schemas (pydantic reads them as it reads models), and mypy's check of every
+answer a use case builds. Answers stay plain dicts at run time, rendered by
+``app.responses.JSON``, so nothing is validated twice on the request path; the tests check
+real answers against the document's schemas. Members may be added; none is removed.
+``NotRequired`` marks a member some answers leave out.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel
+from pydantic import WithJsonSchema
+from typing_extensions import TypedDict
 
 from app.calls.states import CallState, ExecutionState, Next
 from app.catalog.models import Impact
+from app.evidence import AuthorizedBy, Binding, EndorsementItem, Taint, Target
+
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+"""A moment in an answer: ISO 8601 text (``datetime.isoformat``), described as ``date-time``."""
 
 
-class Target(BaseModel):
-    """The resource a call acts on, as the tool's catalog entry names it."""
-
-    type: str
-    id: str
-
-
-class AuthorizedBy(BaseModel):
-    """Who let the call go this far: the policy (for the actor), or an approval."""
-
-    kind: Literal["policy", "approval"]
-    sub: str
-    tenant: str
-    policy_version: str
-    approval_id: str | None = None
-
-
-class Taint(BaseModel):
-    """An argument holding a value an untrusted result of the same run returned, and the
-    call that returned it."""
-
-    argument: str
-    source_call_id: str
-
-
-class EndorsementItem(BaseModel):
-    """What endorses an ``x-endorsed`` argument: the run's ``task``, a ``trusted_result``
-    of the run, or a ``known`` value of the tenant; ``null`` with ``endorsed: false`` when
-    nothing does (``reason`` says why), or with ``endorsed: true`` when its text holds no
-    link to judge. Never a value."""
-
-    argument: str
-    source: Literal["task", "trusted_result", "known"] | None
-    endorsed: bool
-    reason: str | None = None
-
-
-class Proposal(BaseModel):
+class Proposal(TypedDict):
     """``POST /propose``: the call is allowed, and ``next`` says what it still needs."""
 
     call_id: str
@@ -70,12 +40,12 @@ class Proposal(BaseModel):
     proposed_by: Literal["model"]
     authorized_by: AuthorizedBy
     taint: list[Taint]
-    endorsement: list[EndorsementItem] | None = None
-    """For a tool with ``x-endorsed`` arguments."""
     """Arguments carrying values from untrusted results of the run (empty outside a run)."""
+    endorsement: NotRequired[list[EndorsementItem] | None]
+    """For a tool with ``x-endorsed`` arguments."""
 
 
-class Preview(BaseModel):
+class Preview(TypedDict):
     """``POST /dry-run``: the provider's preview, stored with its hash."""
 
     dry_run_id: str
@@ -83,11 +53,11 @@ class Preview(BaseModel):
     snapshot: Any
     snapshot_hash: str
     """What an approver echoes in ``/approve``."""
-    expires_at: datetime
+    expires_at: Timestamp
     next: Next
 
 
-class Execution(BaseModel):
+class Execution(TypedDict):
     """``POST /execute``: what the provider answered, trimmed. ``status`` is ``succeeded``
     (provider 2xx) or ``failed`` (4xx, stored and replayed as well); both answer 200."""
 
@@ -100,11 +70,11 @@ class Execution(BaseModel):
     trust: Literal["untrusted"]
     """The result is data from outside, never instructions."""
     replayed: bool
-    endorsement: list[EndorsementItem] | None = None
+    endorsement: NotRequired[list[EndorsementItem] | None]
     """For a tool with ``x-endorsed`` arguments: what endorsed them."""
 
 
-class CallProposal(BaseModel):
+class CallProposal(TypedDict):
     """``arguments`` has sensitive values masked (``null``: the call was refused before its
     arguments were valid, and none were stored); ``sensitive_arguments`` shows them, only to
     a caller who may decide the call now."""
@@ -122,15 +92,15 @@ class CallProposal(BaseModel):
     proposed_by: Literal["model"]
     authorized_by: AuthorizedBy | None
     taint: list[Taint]
-    endorsement: list[EndorsementItem] | None = None
-    sensitive_arguments: dict[str, Any] | None = None
+    endorsement: NotRequired[list[EndorsementItem] | None]
+    sensitive_arguments: NotRequired[dict[str, Any] | None]
 
 
-class CallDecision(BaseModel):
+class CallDecision(TypedDict):
     """One audited step of the call, oldest first."""
 
     seq: int
-    at: datetime
+    at: Timestamp
     event: str
     decision: str | None
     code: str | None
@@ -143,57 +113,45 @@ class CallDecision(BaseModel):
     provider_ms: float | None
 
 
-class CallDryRun(BaseModel):
+class CallDryRun(TypedDict):
     dry_run_id: str
     fingerprint: str
     snapshot: Any
     snapshot_hash: str
     policy_version: str
-    created_at: datetime
-    expires_at: datetime
+    created_at: Timestamp
+    expires_at: Timestamp
 
 
-class Binding(BaseModel):
-    """What an approval covers; change any part and it no longer applies."""
-
-    actor: str
-    tenant: str
-    tool: str
-    target: Target | None
-    policy_version: str
-    fingerprint: str
-    snapshot_hash: str | None
-
-
-class CallApproval(BaseModel):
+class CallApproval(TypedDict):
     approval_id: str
     decision: Literal["approve", "reject"]
     approver: str
     comment: str | None
     binding: Binding
-    created_at: datetime
-    expires_at: datetime | None
+    created_at: Timestamp
+    expires_at: Timestamp | None
     consumed_by: str | None
-    consumed_at: datetime | None
+    consumed_at: Timestamp | None
 
 
-class CallExecution(BaseModel):
+class CallExecution(TypedDict):
     operation_id: str
     state: ExecutionState
     provider_status: int | None
     approval_id: str | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: Timestamp
+    updated_at: Timestamp
 
 
-class CallTimings(BaseModel):
-    created_at: datetime
-    updated_at: datetime
+class CallTimings(TypedDict):
+    created_at: Timestamp
+    updated_at: Timestamp
     decision_ms: float | None
     provider_ms: float | None
 
 
-class CallHistory(BaseModel):
+class CallHistory(TypedDict):
     """``GET /calls/{call_id}``: the call's whole life. ``may_decide``: the caller may
     approve or reject it now."""
 
@@ -216,7 +174,7 @@ class CallHistory(BaseModel):
     dry_runs_total: int
     """How many previews the call keeps in all (its newest 10, and those an approver
     decided on)."""
-    approvals: str | None = None
+    approvals: NotRequired[str | None]
     """For a tool with approvers: how many agree on the call's latest approval, of how many
     it needs (``approval.quorum``), as ``k/N``."""
     approval: CallApproval | None

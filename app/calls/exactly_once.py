@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Literal, NamedTuple
 
 from app.calls.results import classify
-from app.calls.states import ExecutionState, Outcome
+from app.calls.states import ExecutionState, Finished
 from app.errors import IdempotencyKeyReused
 
 Step = Literal["first", "replay", "resume"]
@@ -47,7 +47,7 @@ def step(record: Held | None, tool: str, fingerprint: str) -> Step:
 class Reconciled(NamedTuple):
     """A finished outcome the provider reported for an operation."""
 
-    status: Outcome
+    status: Finished
     provider_status: int
     result: Any
 

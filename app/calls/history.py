@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 from app.audit import store as audit
+from app.audit.models import CallEvent
 from app.auth.principal import Principal
 from app.calls import store, waiting
+from app.calls.answers import CallDecision, CallDryRun, CallHistory, CallProposal
 from app.calls.models import CallRow, DryRunRow, ExecutionSummary
 from app.calls.results import mask_arguments, sensitive_values
 from app.consent import rules
@@ -58,7 +60,7 @@ def may_decide(state: AppState, principal: Principal, call: CallRow) -> bool:
 
 async def history_after(
     state: AppState, principal: Principal, call_id: str, wait_s: float | None
-) -> dict[str, Any]:
+) -> CallHistory:
     """The call's history once it is no longer waiting (``waiting.is_waiting``), or when
     ``wait_s`` seconds have passed, whichever comes first; at once without ``wait_s``. The
     call is read again only when its state changed (or may have: see ``waiting``).
@@ -142,7 +144,7 @@ async def _record(state: AppState, call_id: str) -> CallRecord | None:
         )
 
 
-async def history(state: AppState, principal: Principal, call_id: str) -> dict[str, Any]:
+async def history(state: AppState, principal: Principal, call_id: str) -> CallHistory:
     """The call's history as ``principal`` may see it; read together with concurrent
     requests for the same call (``CallWaiters.read_together``)."""
     record = await state.waiters.read_together(call_id, lambda: _record(state, call_id))
@@ -169,11 +171,7 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
         "state": call.state,
         "may_decide": deciding and principal.sub not in agreed,  # a quorum's others
         "proposal": proposal,
-        "decisions": [
-            # The audit columns a history shows, read as such (``audit.of_call``).
-            e._asdict() | {"at": e.at.isoformat()}
-            for e in events.rows
-        ],
+        "decisions": [_decision(e) for e in events.rows],
         "decisions_total": events.total,
         "dry_runs": [_dry_run(d) for d in dry_runs.rows],
         "dry_runs_total": dry_runs.total,
@@ -186,10 +184,10 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
             "approver": latest.approver,
             "comment": latest.comment,
             "binding": latest.binding.as_dict(),
-            "created_at": _time(latest.created_at),
-            "expires_at": _time(latest.expires_at),
+            "created_at": _stored(latest.created_at),
+            "expires_at": latest.expires_at.isoformat(),
             "consumed_by": latest.consumed_by,
-            "consumed_at": _time(latest.consumed_at),
+            "consumed_at": (latest.consumed_at.isoformat() if latest.consumed_at else None),
         },
         "executions": [
             {
@@ -197,14 +195,14 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
                 "state": x.state,
                 "provider_status": x.provider_status,
                 "approval_id": x.approval_id,
-                "created_at": _time(x.created_at),
-                "updated_at": _time(x.updated_at),
+                "created_at": x.created_at.isoformat(),
+                "updated_at": x.updated_at.isoformat(),
             }
             for x in executions
         ],
         "timings": {
-            "created_at": _time(call.created_at),
-            "updated_at": _time(call.updated_at),
+            "created_at": _stored(call.created_at),
+            "updated_at": _stored(call.updated_at),
             "decision_ms": events.decision_ms,
             "provider_ms": events.provider_ms,
         },
@@ -213,7 +211,7 @@ async def history(state: AppState, principal: Principal, call_id: str) -> dict[s
 
 async def to_decide(
     state: AppState, principal: Principal, call_id: str
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[CallProposal, CallDryRun | None]:
     """What an approver asked through MCP elicitation is shown: the call's proposal as
     ``principal`` may see it, and its latest preview (or ``None``), whose hash their
     decision binds. Only that preview is read, not the call's history."""
@@ -226,13 +224,13 @@ async def to_decide(
     return proposal, None if latest is None else _dry_run(latest)
 
 
-def _proposal(state: AppState, principal: Principal, call: CallRow) -> tuple[dict[str, Any], bool]:
+def _proposal(state: AppState, principal: Principal, call: CallRow) -> tuple[CallProposal, bool]:
     """The call's proposal as ``principal`` may see it, and whether they may decide it."""
     tool = state.catalog.tools.get(call.tool)
     # Arguments are stored only once their tool validated them: a tool the catalog no
     # longer holds took with it which of them were sensitive, so none is shown.
     sensitive = tool.sensitive_args if tool else (call.arguments or {})
-    proposal: dict[str, Any] = {
+    proposal: CallProposal = {
         "arguments": mask_arguments(call.arguments, sensitive),
         "fingerprint": call.fingerprint,
         "target": call.target,
@@ -255,7 +253,25 @@ def _proposal(state: AppState, principal: Principal, call: CallRow) -> tuple[dic
     return proposal, deciding
 
 
-def _dry_run(d: DryRunRow) -> dict[str, Any]:
+def _decision(e: CallEvent) -> CallDecision:
+    """An audit row of the call, as a history shows it (``audit.of_call``)."""
+    return {
+        "seq": e.seq,
+        "at": e.at.isoformat(),
+        "event": e.event,
+        "decision": e.decision,
+        "code": e.code,
+        "reason": e.reason,
+        "policy_version": e.policy_version,
+        "approval_id": e.approval_id,
+        "authorized_by": e.authorized_by,
+        "outcome": e.outcome,
+        "total_ms": e.total_ms,
+        "provider_ms": e.provider_ms,
+    }
+
+
+def _dry_run(d: DryRunRow) -> CallDryRun:
     return {
         "dry_run_id": d.id,
         "fingerprint": d.fingerprint,
@@ -264,10 +280,13 @@ def _dry_run(d: DryRunRow) -> dict[str, Any]:
         "snapshot": d.snapshot,
         "snapshot_hash": d.snapshot_hash,
         "policy_version": d.policy_version,
-        "created_at": _time(d.created_at),
-        "expires_at": _time(d.expires_at),
+        "created_at": _stored(d.created_at),
+        "expires_at": d.expires_at.isoformat(),
     }
 
 
-def _time(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+def _stored(value: datetime | None) -> str:
+    """When a row read from the database was made or changed (``None`` only in a row not
+    yet written)."""
+    assert value is not None
+    return value.isoformat()

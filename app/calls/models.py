@@ -7,16 +7,18 @@ import re
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import ConfigDict, Field, model_validator
 
 from app.auth.principal import Principal
 from app.bodies import Body, Id, JsonObject
+from app.calls.answers import Execution
 from app.calls.policy import Decision, PreparedCall
-from app.calls.states import CallState, ExecutionState
-from app.catalog.models import Catalog, Tool
+from app.calls.states import CallState, ExecutionState, Next
+from app.catalog.models import Catalog, Impact, Tool
 from app.errors import IdempotencyKeyInvalid, IdempotencyKeyMissing
+from app.evidence import AuthorizedBy, EndorsementItem, Taint, Target
 from app.runs.models import RunRow
 
 
@@ -163,7 +165,7 @@ class Authorized(NamedTuple):
 class Answer(NamedTuple):
     """An /execute answer: the body, plus headers such as ``Idempotent-Replayed``."""
 
-    body: dict[str, Any]
+    body: Execution
     headers: Mapping[str, str] | None = None
 
 
@@ -179,27 +181,27 @@ class CallRow(NamedTuple):
     target_type: str | None
     target_id: str | None
     mutation: bool | None
-    impact: str | None
-    decision: str
+    impact: Impact | None
+    decision: Literal["allow", "deny"]
     code: str | None
     reason: str | None
-    next: str | None
+    next: Next | None
     state: CallState
     policy_version: str
-    proposed_by: str
-    authorized_by: dict[str, Any] | None
-    taint: list[dict[str, str]] | None = None
+    proposed_by: Literal["model"]
+    authorized_by: AuthorizedBy | None
+    taint: list[Taint] | None = None
     """What the proposal found: ``[{argument, source_call_id}]`` (``None`` before 0012)."""
     pending_until: datetime | None = None
     """While awaiting approval: when its approval window passes and it leaves the inbox."""
     created_at: datetime | None = None
     updated_at: datetime | None = None
-    endorsement: list[dict[str, Any]] | None = None
+    endorsement: list[EndorsementItem] | None = None
     """What endorses each ``x-endorsed`` argument, as the decision found it (``None``: the
     tool has none, or the call was stored before 0019)."""
 
     @property
-    def target(self) -> dict[str, str] | None:
+    def target(self) -> Target | None:
         if self.target_type is None or self.target_id is None:
             return None
         return {"type": self.target_type, "id": self.target_id}
@@ -257,7 +259,7 @@ class ExecutionRow(NamedTuple):
     approval_id: str | None
     state: ExecutionState
     provider_status: int | None
-    response: dict[str, Any] | None
+    response: Execution | None
     expires_at: datetime
     created_at: datetime | None = None
     updated_at: datetime | None = None

@@ -26,13 +26,13 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from app import telemetry
+from app import evidence, telemetry
 from app.audit.store import AuditEvent, append
-from app.calls import exactly_once, gates, gating, recording, store
+from app.calls import answers, exactly_once, gates, gating, recording, store
 from app.calls.models import Answer, Authorized, CallRow, ExecutionRow, Request
 from app.calls.policy import PreparedCall
 from app.calls.results import classify, result_body
-from app.calls.states import Outcome
+from app.calls.states import Finished
 from app.catalog.models import Tool
 from app.consent import rules
 from app.consent import store as approvals
@@ -70,7 +70,7 @@ def lock_ttl(tool: Tool) -> float:
     return 2 * tool.provider.timeout_s + LOCK_MARGIN_S
 
 
-def replayed(response: dict[str, Any]) -> Answer:
+def replayed(response: answers.Execution) -> Answer:
     return Answer({**response, "replayed": True}, REPLAYED)
 
 
@@ -88,7 +88,7 @@ class OpenExecution:
         request: Request,
         call: PreparedCall,
         record: ExecutionRow,
-        endorsement: list[dict[str, Any]] | None = None,
+        endorsement: list[evidence.EndorsementItem] | None = None,
     ) -> None:
         self.state, self.request, self.call, self.record = state, request, call, record
         self.endorsement = endorsement
@@ -124,7 +124,7 @@ class OpenExecution:
         outcome = Response(said.provider_status, said.result, response.elapsed_ms)
         return await self.finish(outcome, said.status, "reconciled")
 
-    async def finish(self, response: Response, status: Outcome, event: str) -> Answer:
+    async def finish(self, response: Response, status: Finished, event: str) -> Answer:
         """Finish the record with the provider's answer and its audit row. The provider has
         acted: if the database fails now, the answer is still the 504 of an unknown outcome,
         and the record, still open, is left to reconciliation."""

@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 import rfc8785
 
-from app import recordable
+from app import evidence, recordable
 from app.auth.principal import Principal
 from app.calls.states import Next
 from app.canonical import SAFE_INTEGER, as_written, digest
@@ -39,7 +39,7 @@ class Target(NamedTuple):
     type: str
     id: str
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> evidence.Target:
         return {"type": self.type, "id": self.id}
 
 

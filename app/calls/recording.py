@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
-from app import recordable, telemetry
+from app import evidence, recordable, telemetry
 from app.audit.store import AuditEvent, append
 from app.calls import store
 from app.calls.models import Authorized, CallRow, Request
@@ -25,7 +25,7 @@ from app.runs import service as runs
 from app.runs.provenance import Taint
 from app.runs.store import Told
 
-PROPOSED_BY = "model"
+PROPOSED_BY: Final = "model"
 APPROVAL_WINDOW_S = 300
 """How long a preview, and a call awaiting approval, stays open for a tool that names no
 ``approval.ttl_s``."""
@@ -42,7 +42,7 @@ def recorded_tool(request: Request) -> str:
     return request.tool.name if request.tool else recordable.text(request.tool_name)
 
 
-def authorized_by(request: Request) -> dict[str, Any]:
+def authorized_by(request: Request) -> evidence.AuthorizedBy:
     return {
         "kind": "policy",
         "sub": request.principal.sub,
@@ -93,7 +93,7 @@ def call_row(
 
 def taint_list(
     decision: Decision | None, error: ToolgateError | None
-) -> list[dict[str, str]] | None:
+) -> list[evidence.Taint] | None:
     """The taint a decision found, or a taint denial named: ``[{argument, source_call_id}]``;
     ``None`` when there is none."""
     if decision is not None:
@@ -103,7 +103,7 @@ def taint_list(
 
 def endorsement_list(
     decision: Decision | None, error: ToolgateError | None
-) -> list[dict[str, Any]] | None:
+) -> list[evidence.EndorsementItem] | None:
     """What endorses each ``x-endorsed`` argument (or why nothing does), as the decision
     found it or an endorsement denial named it: argument names and sources, never values;
     ``None`` when the tool has no such argument."""

@@ -7,8 +7,10 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from app.calls.states import Outcome
+from app.calls.answers import Execution
+from app.calls.states import Finished, Outcome
 from app.catalog.models import Tool
+from app.evidence import EndorsementItem
 
 REDACTED = "[redacted]"
 
@@ -112,14 +114,14 @@ def result_body(
     tool: Tool,
     call_id: str,
     operation_id: str | None,
-    status: str,
+    status: Finished,
     provider_status: int,
     provider_body: Any,
-    endorsement: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+    endorsement: list[EndorsementItem] | None = None,
+) -> Execution:
     """An execution's answer; ``endorsement`` (for a tool with ``x-endorsed`` arguments):
     what endorsed them, as the decision found it."""
-    body = {
+    body: Execution = {
         "call_id": call_id,
         "operation_id": operation_id,
         "status": status,

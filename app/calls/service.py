@@ -16,6 +16,7 @@ from app import telemetry
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import gates, mutation, store
+from app.calls.answers import Execution, Preview, Proposal
 from app.calls.authorization import approved_call, authorize, check_run, visible_call
 from app.calls.models import (
     Answer,
@@ -41,8 +42,8 @@ from app.calls.recording import (
     run_outcome,
     write_denial,
 )
-from app.calls.results import classify, result_body
-from app.calls.states import FINAL, OUTCOMES, SETTLED, CallState, Outcome
+from app.calls.results import classify, result_body, trimmed
+from app.calls.states import FINAL, OUTCOMES, SETTLED, CallState, Finished, Next
 from app.canonical import digest
 from app.catalog.models import Catalog
 from app.consent import rules
@@ -65,7 +66,7 @@ from app.state import AppState
 from app.webhooks import store as webhooks
 
 
-async def propose(state: AppState, principal: Principal, body: ProposeBody) -> dict[str, Any]:
+async def propose(state: AppState, principal: Principal, body: ProposeBody) -> Proposal:
     request = Request.under(
         state.catalog, principal, body.tool, body.arguments, body.run_id, body.tool_call_id
     )
@@ -102,22 +103,24 @@ async def propose(state: AppState, principal: Principal, body: ProposeBody) -> d
         if refusal is not None:
             raise refusal
     telemetry.decided(authorized, call_id)
-    return {
+    proposal: Proposal = {
         "call_id": call_id,
         "tool": row.tool,
         "decision": "allow",
-        "mutation": row.mutation,
+        "mutation": authorized.tool.mutation,
         "impact": decision.impact,
         "next": decision.next,
-        "arguments": row.arguments,
-        "fingerprint": row.fingerprint,
+        "arguments": call.arguments,
+        "fingerprint": call.fingerprint,
         "target": row.target,
         "policy_version": row.policy_version,
         "proposed_by": PROPOSED_BY,
-        "authorized_by": row.authorized_by,
+        "authorized_by": authorized_by(request),
         "taint": row.taint or [],
-        **({"endorsement": row.endorsement} if row.endorsement else {}),
     }
+    if row.endorsement:
+        proposal["endorsement"] = row.endorsement
+    return proposal
 
 
 def proposal_outcome(row: CallRow) -> dict[str, Any] | None:
@@ -190,7 +193,7 @@ async def _read(
     call_id: str,
     approval_id: str | None = None,
     dry_run_id: str | None = None,
-) -> dict[str, Any]:
+) -> Execution:
     """A read, run now. One that needs an approval (an unendorsed argument, a tool outside
     its run's scope) passes the approval gate as a mutation's first call does, and uses the
     approval up before its provider is asked: a read approved once runs once."""
@@ -234,30 +237,44 @@ async def _read(
             tool.provider, tool.execute, call.arguments, request.principal, call_id
         )
     except NotSent as exc:
-        await _record_read(state, authorized, existing, call_id, None)
+        await _record_read(state, authorized, existing, call_id)
         raise ProviderUnavailable("the provider could not be reached", call_id=call_id) from exc
     except TooLarge as exc:
-        await _record_read(state, authorized, existing, call_id, None)
+        await _record_read(state, authorized, existing, call_id)
         raise ProviderUnavailable(gates.TOO_LARGE, call_id=call_id) from exc
     except Uncertain as exc:
-        await _record_read(state, authorized, existing, call_id, None)
+        await _record_read(state, authorized, existing, call_id)
         raise ProviderTimeout(
             "the provider did not answer in time", call_id=call_id, status="unknown"
         ) from exc
+    status = classify(response.status)
+    if status == "unknown":  # a read has nothing to reconcile: recorded as failed
+        result = trimmed(tool, response.status, response.body)
+        await _record_read(
+            state, authorized, existing, call_id, response.status, result, response.elapsed_ms
+        )
+        raise ProviderTimeout(
+            "the provider did not give a usable answer", call_id=call_id, status="unknown"
+        )
     answer = result_body(
         tool,
         call_id,
         None,
-        classify(response.status),
+        status,
         response.status,
         response.body,
         endorsement_list(authorized.decision, None),
     )
-    await _record_read(state, authorized, existing, call_id, answer, response.elapsed_ms)
-    if answer["status"] == "unknown":
-        raise ProviderTimeout(
-            "the provider did not give a usable answer", call_id=call_id, status="unknown"
-        )
+    await _record_read(
+        state,
+        authorized,
+        existing,
+        call_id,
+        response.status,
+        answer["result"],
+        response.elapsed_ms,
+        status,
+    )
     return answer
 
 
@@ -294,14 +311,14 @@ async def _record_read(
     authorized: Authorized,
     existing: CallRow | None,
     call_id: str,
-    answer: dict[str, Any] | None,
+    provider_status: int | None = None,
+    result: Any = None,
     provider_ms: float | None = None,
+    status: Finished = "failed",
 ) -> None:
-    """A read's outcome: no execution record, just the call, its audit row and the run."""
+    """A read's outcome: no execution record, just the call, its audit row and the run
+    (``provider_status`` ``None``: the provider gave no answer)."""
     request, call = authorized.request, authorized.call
-    status: Outcome = (
-        "succeeded" if answer is not None and answer["status"] == "succeeded" else "failed"
-    )
     row = call_row(request, call, call_id, authorized.decision, None, status)
     event = audit_event(
         request,
@@ -310,14 +327,11 @@ async def _record_read(
         call_id,
         decision="allow",
         authorized_by=row.authorized_by,
-        outcome={
-            "status": status,
-            "provider_status": answer["provider_status"] if answer else None,
-        },
+        outcome={"status": status, "provider_status": provider_status},
         provider_ms=provider_ms,
     )
     told = (
-        run_outcome(request.run_id, call, call_id, status, answer["result"] if answer else None)
+        run_outcome(request.run_id, call, call_id, status, result)
         if request.run_id is not None
         else None
     )
@@ -356,7 +370,7 @@ async def _approved_elsewise(conn: Connection, call: CallRow, snapshot_hash: str
     return all(a.snapshot_hash != snapshot_hash for a in standing if a.decision == "approve")
 
 
-async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> dict[str, Any]:
+async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> Preview:
     """Preview a proposed call through the provider's ``dry_run`` endpoint, re-authorized."""
     existing = await visible_call(state, principal, body.call_id)
     if existing.arguments is None:
@@ -384,7 +398,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> di
         snapshot_hash=snapshot_hash,
         expires_at=datetime.now(UTC) + timedelta(seconds=ttl_s),
     )
-    next_step = "approval" if authorized.decision.impact == "high" else "execute"
+    next_step: Next = "approval" if authorized.decision.impact == "high" else "execute"
     async with state.db.transaction() as conn:
         await store.insert_dry_run(conn, row)
         await store.forget_old_dry_runs(conn, existing.id)

@@ -29,6 +29,8 @@ CallState = Literal[
 ExecutionState = Literal["in_flight", "succeeded", "failed", "unknown"]
 Outcome = Literal["succeeded", "failed", "unknown"]
 """What became of an execution: the provider did it, refused it, or nobody can tell yet."""
+Finished = Literal["succeeded", "failed"]
+"""An outcome the provider told: what an execution's answer says (``Execution.status``)."""
 
 STARTED: tuple[CallState, ...] = ("executing", "succeeded", "failed", "unknown")
 """An execution has claimed the call: it is not decided again."""

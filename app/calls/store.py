@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from app.audit.store import AuditEvent, append_after
+from app.calls import answers
 from app.calls.models import CallRow, DryRunRow, ExecutionRow, ExecutionSummary
 from app.calls.states import FINAL, CallState, ExecutionState
 from app.db import Connection, Insert, Writer, write_one
@@ -198,7 +199,7 @@ async def finish(
     operation_id: str,
     state: ExecutionState,
     provider_status: int | None,
-    response: dict[str, Any] | None,
+    response: answers.Execution | None,
     event: AuditEvent | None,
 ) -> bool:
     """Record an outcome on the execution and its call, with ``event`` when given, in one

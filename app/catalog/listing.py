@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from typing_extensions import TypedDict
 
 from app.auth.principal import Principal
 from app.catalog.models import Catalog, Tool
@@ -19,7 +19,7 @@ Format = Literal["raw", "openai", "openai-responses", "anthropic", "mcp"]
 STRICT_FORMATS = ("openai", "openai-responses")
 
 
-class Listing(BaseModel):
+class Listing(TypedDict):
     """``GET /catalog``: each tool shaped as ``format`` says (``raw``: toolgate's own view,
     with ``mutation``, ``impact`` and ``dry_run``; the others as each ecosystem expects)."""
 
@@ -32,9 +32,7 @@ def usable(tool: Tool, principal: Principal) -> bool:
     return roles is None or bool(principal.roles.intersection(roles))
 
 
-def listing(
-    catalog: Catalog, principal: Principal, fmt: Format, strict: bool = False
-) -> dict[str, Any]:
+def listing(catalog: Catalog, principal: Principal, fmt: Format, strict: bool = False) -> Listing:
     """The principal's tools in ``fmt``; ``strict`` (OpenAI formats only) gives OpenAI
     strict-mode schemas."""
     if strict and fmt not in STRICT_FORMATS:

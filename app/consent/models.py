@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
+
+from app import evidence
+from app.catalog.models import Impact
+from app.evidence import EndorsementItem, Taint, Target
 
 BINDING_FIELDS = (
     "actor",
@@ -25,7 +29,7 @@ class Binding:
     actor: str
     tenant: str
     tool: str
-    target: dict[str, str] | None
+    target: Target | None
     policy_version: str
     fingerprint: str
     snapshot_hash: str | None
@@ -43,7 +47,7 @@ class Binding:
         }
         return [name for name in BINDING_FIELDS if pairs[name][0] != pairs[name][1]]
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> evidence.Binding:
         return {
             "actor": self.actor,
             "tenant": self.tenant,
@@ -58,7 +62,7 @@ class Binding:
 class ApprovalRow(NamedTuple):
     id: str
     call_id: str
-    decision: str
+    decision: Literal["approve", "reject"]
     approver: str
     comment: str | None
     actor: str
@@ -77,7 +81,7 @@ class ApprovalRow(NamedTuple):
 
     @property
     def binding(self) -> Binding:
-        target = (
+        target: Target | None = (
             {"type": self.target_type, "id": self.target_id}
             if self.target_type is not None and self.target_id is not None
             else None
@@ -105,19 +109,19 @@ class InboxRow:
     target_type: str | None
     target_id: str | None
     arguments: dict[str, Any] | None
-    impact: str | None
+    impact: Impact | None
     snapshot: Any
     snapshot_hash: str | None
     requested_at: datetime
     expires_at: datetime | None
-    status: str
-    taint: list[dict[str, str]] | None
-    endorsement: list[dict[str, Any]] | None
+    status: Literal["pending", "approved", "rejected", "expired"]
+    taint: list[Taint] | None
+    endorsement: list[EndorsementItem] | None
     given: int
     """Approvers who approved its preview (live, or used by its execution)."""
 
     @property
-    def target(self) -> dict[str, str] | None:
+    def target(self) -> Target | None:
         if self.target_type is None or self.target_id is None:
             return None
         return {"type": self.target_type, "id": self.target_id}

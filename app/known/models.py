@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from typing_extensions import TypedDict
 
-from pydantic import BaseModel
+from app.calls.answers import Timestamp
 
 
-class KnownValue(BaseModel):
+class KnownValue(TypedDict):
     """``PUT /known-values/{kind}/{value}``: the value as kept; ``value`` is ``null`` for a
     kind that endorses a sensitive argument (only its digest is kept)."""
 
@@ -16,21 +16,21 @@ class KnownValue(BaseModel):
     value: str | None
 
 
-class Forgotten(BaseModel):
+class Forgotten(TypedDict):
     kind: str
     digest: str
     removed: bool
 
 
-class KnownItem(BaseModel):
+class KnownItem(TypedDict):
     kind: str
     digest: str
     value: str | None
     added_by: str
-    added_at: datetime
+    added_at: Timestamp
 
 
-class KnownPage(BaseModel):
+class KnownPage(TypedDict):
     """``GET /known-values/{kind}``: in digest order; ``next_cursor`` null on the last page."""
 
     items: list[KnownItem]

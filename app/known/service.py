@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from app import cursors
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
@@ -12,6 +10,7 @@ from app.catalog.models import Catalog
 from app.db import Connection
 from app.errors import Forbidden, InvalidRequest, NotFound
 from app.known import store
+from app.known.models import Forgotten, KnownPage, KnownValue
 from app.runs import endorsement
 from app.state import AppState
 
@@ -69,7 +68,7 @@ def _value(value: str) -> str:
     return value
 
 
-async def put(state: AppState, principal: Principal, kind: str, value: str) -> dict[str, Any]:
+async def put(state: AppState, principal: Principal, kind: str, value: str) -> KnownValue:
     _admin(state, principal)
     async with state.db.transaction() as conn:
         digest = await remember(
@@ -85,7 +84,7 @@ async def put(state: AppState, principal: Principal, kind: str, value: str) -> d
     return {"kind": kind, "digest": digest, "value": shown}
 
 
-async def delete(state: AppState, principal: Principal, kind: str, value: str) -> dict[str, Any]:
+async def delete(state: AppState, principal: Principal, kind: str, value: str) -> Forgotten:
     _admin(state, principal)
     digest = endorsement.digest(kind, _value(value))
     async with state.db.transaction() as conn:
@@ -97,7 +96,7 @@ async def delete(state: AppState, principal: Principal, kind: str, value: str) -
 
 async def listing(
     state: AppState, principal: Principal, kind: str, cursor: str | None
-) -> dict[str, Any]:
+) -> KnownPage:
     _admin(state, principal)
     after = cursors.decode(cursor, 1)[0] if cursor is not None else None
     async with state.db.connection() as conn:

@@ -34,6 +34,7 @@ from app.approvals import service as approvals
 from app.approvals.models import ApproveBody
 from app.auth.principal import Principal
 from app.calls import history, policy, service, store
+from app.calls.answers import Execution
 from app.calls.authorization import visible_call
 from app.calls.models import CallRow, DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
 from app.calls.mutation import lock_ttl
@@ -79,7 +80,7 @@ class Ask:
 class Done:
     """The execution's answer (``/execute``'s body): the provider's result, trimmed."""
 
-    answer: dict[str, Any]
+    answer: Execution
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ async def _approval(state: AppState, ask: Ask, call_id: str, key: str) -> Outcom
     if mode is None:
         return Awaiting(call_id, url)
     proposal, latest = await history.to_decide(state, ask.principal, call_id)
-    arguments = {**proposal["arguments"], **proposal.get("sensitive_arguments", {})}
+    arguments = {**(proposal["arguments"] or {}), **(proposal.get("sensitive_arguments") or {})}
     lines = [
         f"toolgate: {ask.tool} needs an approval before it runs.",
         f"Arguments: {json.dumps(arguments, sort_keys=True)}",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -156,11 +157,11 @@ async def asked(
 
 
 def _result(
-    structured: dict[str, Any], *, is_error: bool, meta: dict[str, Any] | None = None
+    structured: Mapping[str, Any], *, is_error: bool, meta: dict[str, Any] | None = None
 ) -> types.CallToolResult:
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(structured, default=str))],
-        structured_content=structured,
+        structured_content=dict(structured),
         is_error=is_error,
         meta=meta,
     )

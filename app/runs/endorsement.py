@@ -36,6 +36,7 @@ from typing import Any, Literal, NamedTuple
 
 from publicsuffixlist import PublicSuffixList
 
+from app import evidence
 from app.catalog.models import Endorsed
 from app.runs.provenance import WINDOW, normalized, words
 
@@ -141,8 +142,8 @@ class Endorsement(NamedTuple):
     reason: str | None = None
     """Why it is not endorsed, in words an approver reads; never a value."""
 
-    def as_dict(self) -> dict[str, Any]:
-        found: dict[str, Any] = {
+    def as_dict(self) -> evidence.EndorsementItem:
+        found: evidence.EndorsementItem = {
             "argument": self.argument,
             "source": self.source,
             "endorsed": self.endorsed,

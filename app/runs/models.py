@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple, NotRequired
 
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import Field, StringConstraints
+from typing_extensions import TypedDict
 
 from app.bodies import Body, Text
+from app.calls.answers import Timestamp
 
 FINISHED = ("completed", "needs_clarification", "handed_off", "failed")
 
@@ -57,8 +59,13 @@ class ScopeBody(Body):
     scope: Scope
 
 
+Ended = Literal["completed", "needs_clarification", "handed_off", "failed"]
+RunStatus = Literal["active", "completed", "needs_clarification", "handed_off", "failed"]
+"""A run's ``status`` as stored: active, or how it ended."""
+
+
 class FinishBody(Body):
-    status: Literal["completed", "needs_clarification", "handed_off", "failed"]
+    status: Ended
     reason: Text | None = Field(default=None, max_length=2000)
 
 
@@ -67,7 +74,7 @@ class RunRow(NamedTuple):
     tenant: str
     actor: str
     task: str | None
-    status: str
+    status: RunStatus
     recoverable: bool | None
     reason: str | None
     limit_name: str | None
@@ -87,23 +94,29 @@ class RunRow(NamedTuple):
     again on every call."""
     scope_tools: list[str] | None = None
     """The tools the run may call; ``None``: any."""
-    scope_outside: str | None = None
+    scope_outside: Literal["deny", "approve"] | None = None
     """What a call of another tool does: ``deny`` or ``approve``."""
 
     @property
-    def limits(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in SERVER_MAXIMA}
+    def limits(self) -> RunLimits:
+        return {
+            "max_calls": self.max_calls,
+            "max_seconds": self.max_seconds,
+            "max_cost": self.max_cost,
+            "max_repeats": self.max_repeats,
+            "max_failures": self.max_failures,
+        }
 
     @property
-    def scope(self) -> dict[str, Any] | None:
+    def scope(self) -> RunScope | None:
         if self.scope_tools is None:
             return None
         return {"tools": self.scope_tools, "outside": self.scope_outside or "deny"}
 
 
 @dataclass(frozen=True)
-class RunCall:
-    """One call made in a run, as ``GET /runs/{id}`` lists it."""
+class RunCallRow:
+    """One call made in a run, as stored (answered as a ``RunCall``)."""
 
     call_id: str
     tool: str
@@ -117,7 +130,7 @@ class RunCall:
 # --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------
 
 
-class RunLimits(BaseModel):
+class RunLimits(TypedDict):
     max_calls: int
     max_seconds: int
     max_cost: float
@@ -125,43 +138,55 @@ class RunLimits(BaseModel):
     max_failures: int
 
 
-class RunScope(BaseModel):
+class RunScope(TypedDict):
     tools: list[str]
     outside: Literal["deny", "approve"]
 
 
-class RunCreated(BaseModel):
+class RunCreated(TypedDict):
     """``POST /runs``: the run, with the limits in force (never above the server's), and its
     scope (``null``: any tool)."""
 
     run_id: str
     status: Literal["active"]
     limits: RunLimits
-    scope: RunScope | None = None
+    scope: NotRequired[RunScope | None]
 
 
-class RunCounters(BaseModel):
+class RunCall(TypedDict):
+    """One call made in a run, as ``GET /runs/{id}`` lists it."""
+
+    call_id: str
+    tool: str
+    decision: str
+    code: str | None
+    state: str
+    impact: str | None
+    created_at: Timestamp
+
+
+class RunCounters(TypedDict):
     calls: int
     cost: float
     failures: int
     seconds: float
 
 
-class Run(BaseModel):
+class Run(TypedDict):
     """``GET /runs/{run_id}`` and ``POST /runs/{run_id}/finish``. An ended run also has
     ``reason``, ``recoverable`` and ``limit`` (the limit that ended it, if one did)."""
 
     run_id: str
     task: str | None
-    scope: RunScope | None = None
+    scope: NotRequired[RunScope | None]
     status: Literal[
         "active", "awaiting_approval", "completed", "needs_clarification", "handed_off", "failed"
     ]
     limits: RunLimits
     counters: RunCounters
     calls: list[RunCall]
-    created_at: datetime | None
-    finished_at: datetime | None
-    reason: str | None = None
-    recoverable: bool | None = None
-    limit: str | None = None
+    created_at: Timestamp | None
+    finished_at: Timestamp | None
+    reason: NotRequired[str | None]
+    recoverable: NotRequired[bool | None]
+    limit: NotRequired[str | None]

@@ -47,6 +47,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app import evidence
+
 WINDOW = 8
 """Characters per window; also the shortest argument that is judged."""
 MAX_WINDOWS = 500_000
@@ -301,7 +303,7 @@ class Taint:
     argument: str
     source_call_id: str
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> evidence.Taint:
         return {"argument": self.argument, "source_call_id": self.source_call_id}
 
 

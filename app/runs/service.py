@@ -18,12 +18,20 @@ from app.db import Connection, Writer
 from app.errors import InvalidRequest, NotFound, RepeatedCall, RunLimitExceeded, ToolgateError
 from app.ids import new_id
 from app.runs import endorsement, provenance, store
-from app.runs.models import SERVER_MAXIMA, FinishBody, RunBody, RunRow, ScopeBody
+from app.runs.models import (
+    SERVER_MAXIMA,
+    FinishBody,
+    Run,
+    RunBody,
+    RunCreated,
+    RunRow,
+    ScopeBody,
+)
 from app.state import AppState
 from app.webhooks import store as webhooks
 
 
-async def create(state: AppState, principal: Principal, body: RunBody) -> dict[str, Any]:
+async def create(state: AppState, principal: Principal, body: RunBody) -> RunCreated:
     requested = body.limits.model_dump()
     limits = {
         name: min(requested[name], cap) if requested[name] is not None else cap
@@ -52,9 +60,7 @@ async def create(state: AppState, principal: Principal, body: RunBody) -> dict[s
     return {"run_id": run.id, "status": "active", "limits": run.limits, "scope": run.scope}
 
 
-async def narrow(
-    state: AppState, principal: Principal, run_id: str, body: ScopeBody
-) -> dict[str, Any]:
+async def narrow(state: AppState, principal: Principal, run_id: str, body: ScopeBody) -> Run:
     """Narrow the run's scope: a subset of its tools (any, when it had no scope), and
     ``approve`` may become ``deny``; anything wider is refused."""
     wanted = body.scope
@@ -272,7 +278,7 @@ async def recall(
     return provenance.Recall(task, found, forgotten_after)
 
 
-async def read(state: AppState, principal: Principal, run_id: str) -> dict[str, Any]:
+async def read(state: AppState, principal: Principal, run_id: str) -> Run:
     async with state.db.connection() as conn:
         run = await visible(conn, principal, run_id)
         waiting = await store.awaiting_approval(conn, run.id)
@@ -280,7 +286,7 @@ async def read(state: AppState, principal: Principal, run_id: str) -> dict[str, 
     if _spent(run):
         run = await _settled(state, principal, run_id)
     status = "awaiting_approval" if run.status == "active" and waiting else run.status
-    body: dict[str, Any] = {
+    body: Run = {
         "run_id": run.id,
         "task": run.task,
         "scope": run.scope,
@@ -308,7 +314,9 @@ async def read(state: AppState, principal: Principal, run_id: str) -> dict[str, 
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }
     if run.status != "active":
-        body.update(reason=run.reason, recoverable=run.recoverable, limit=run.limit_name)
+        body["reason"] = run.reason
+        body["recoverable"] = run.recoverable
+        body["limit"] = run.limit_name
     return body
 
 
@@ -318,9 +326,7 @@ def _elapsed(run: RunRow) -> float:
     return round((end - run.created_at).total_seconds(), 3)
 
 
-async def finish(
-    state: AppState, principal: Principal, run_id: str, body: FinishBody
-) -> dict[str, Any]:
+async def finish(state: AppState, principal: Principal, run_id: str, body: FinishBody) -> Run:
     async with state.db.transaction() as conn:
         run = await visible(conn, principal, run_id, lock=True)
         ended: str | None = run.status

@@ -8,7 +8,7 @@ from functools import cache
 from typing import NamedTuple
 
 from app.db import Connection, Insert, Writer, write_one
-from app.runs.models import RunCall, RunRow
+from app.runs.models import RunCallRow, RunRow
 
 _INSERT = Insert.of(
     "runs", RunRow._fields, ["calls", "cost", "failures", "created_at", "updated_at", "finished_at"]
@@ -135,7 +135,7 @@ async def awaiting_approval(conn: Connection, run_id: str) -> bool:
     )
 
 
-async def calls_of(conn: Connection, run_id: str) -> list[RunCall]:
+async def calls_of(conn: Connection, run_id: str) -> list[RunCallRow]:
     rows = await conn.fetch(
         """
         SELECT id AS call_id, tool, decision, code, state, impact, created_at FROM calls
@@ -143,7 +143,7 @@ async def calls_of(conn: Connection, run_id: str) -> list[RunCall]:
         """,
         run_id,
     )
-    return [RunCall(*r) for r in rows]
+    return [RunCallRow(*r) for r in rows]
 
 
 # Provenance: the windows a run remembers (``app.runs.provenance``).
