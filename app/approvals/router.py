@@ -47,4 +47,4 @@ async def inbox(
     status: Literal["pending", "approved", "rejected", "expired"] = "pending",
     cursor: str | None = None,
 ) -> JSON:
-    return JSON(await service.inbox(state, principal, status, cursor))
+    return JSON(await service.inbox(state.db, state.catalog, principal, status, cursor))

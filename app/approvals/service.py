@@ -19,11 +19,12 @@ from app.calls import store as calls
 from app.calls.authorization import owners_of
 from app.calls.models import CallRow, DryRunRow
 from app.calls.results import mask_arguments, sensitive_values
+from app.calls.services import Services
 from app.calls.states import STARTED, CallState
-from app.catalog.models import Tool
+from app.catalog.models import Catalog, Tool
 from app.consent import rules, store
 from app.consent.models import ApprovalRow, Binding
-from app.db import Connection
+from app.db import Connection, Database
 from app.errors import (
     ApprovalExpired,
     ApprovalMismatch,
@@ -35,12 +36,12 @@ from app.errors import (
 )
 from app.ids import new_id
 from app.known import service as known
+from app.providers import ProviderClient
 from app.runs import endorsement
-from app.state import AppState
 from app.webhooks import store as webhooks
 
 
-async def approve(state: AppState, principal: Principal, body: ApproveBody) -> ApprovalAnswer:
+async def approve(state: Services, principal: Principal, body: ApproveBody) -> ApprovalAnswer:
     started = time.perf_counter()
     catalog = state.catalog
     async with state.db.connection() as conn:
@@ -55,7 +56,7 @@ async def approve(state: AppState, principal: Principal, body: ApproveBody) -> A
         raise ApproverForbidden("you may not decide this call", call_id=call.id)
     remembered = _remembered(tool, call, body)
     binding = _binding(catalog.policy_version, tool, call, latest, body.snapshot_hash)
-    await _check_ownership(state, tool, call)
+    await _check_ownership(state.providers, tool, call)
     now = datetime.now(UTC)
     approval = ApprovalRow(
         id=new_id("apr"),
@@ -228,11 +229,11 @@ def _binding(
     )
 
 
-async def _check_ownership(state: AppState, tool: Tool, call: CallRow) -> None:
+async def _check_ownership(providers: ProviderClient, tool: Tool, call: CallRow) -> None:
     """The target must still belong to the actor's tenant (and user) right now."""
     prepared = policy.prepare(tool, call.arguments)
     try:
-        policy.check_owners(tool, call.tenant, call.actor, await owners_of(state, prepared))
+        policy.check_owners(tool, call.tenant, call.actor, await owners_of(providers, prepared))
     except ToolForbidden as denial:
         denial.extra["call_id"] = call.id
         raise
@@ -241,7 +242,9 @@ async def _check_ownership(state: AppState, tool: Tool, call: CallRow) -> None:
 PAGE_SIZE = 50
 
 
-async def inbox(state: AppState, principal: Principal, status: str, cursor: str | None) -> Inbox:
+async def inbox(
+    db: Database, catalog: Catalog, principal: Principal, status: str, cursor: str | None
+) -> Inbox:
     """Requests this principal may decide, in their tenant, newest first. A pending request
     also carries its sensitive values unmasked (``sensitive_arguments``): the approver must
     see what they approve; ``arguments`` stays masked, as in every listing.
@@ -253,11 +256,10 @@ async def inbox(state: AppState, principal: Principal, status: str, cursor: str 
     if cursor is not None:
         stamp, call_id = cursors.decode(cursor, 2)
         before = (cursors.instant(stamp), call_id)
-    catalog = state.catalog
     decidable = rules.decidable(principal, catalog.tools)
     if not decidable.others and not decidable.own:
         return {"items": [], "next_cursor": None}
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         rows = await store.inbox(conn, principal.tenant, decidable, status, before, PAGE_SIZE)
     items = []
     for row in rows:

@@ -91,7 +91,7 @@ async def audit_page(
     cursor: str | None = None,
 ) -> JSON:
     _only(request, "limit", "cursor")
-    return JSON(await service.page(state, principal, where, limit, cursor))
+    return JSON(await service.page(state.db, state.settings, principal, where, limit, cursor))
 
 
 @router.get(
@@ -112,7 +112,7 @@ async def audit_export(
     cursor: str | None = None,
 ) -> StreamingResponse:
     _only(request, "cursor")
-    lines = await service.export(state, principal, where, cursor)
+    lines = await service.export(state.db, state.settings, principal, where, cursor)
     return StreamingResponse(lines, media_type="application/x-ndjson")
 
 
@@ -120,7 +120,7 @@ async def audit_export(
 async def audit_verify(request: Request, principal: CurrentPrincipal, state: State) -> Response:
     # Stopped when the client leaves: verifying a long chain for nobody would hold a
     # connection, retention's cuts and a share of this worker for minutes.
-    verifying = asyncio.ensure_future(service.verify_for(state, principal))
+    verifying = asyncio.ensure_future(service.verify_for(state.db, state.settings, principal))
     leaving = asyncio.ensure_future(_left(request))
     try:
         await asyncio.wait((verifying, leaving), return_when=asyncio.FIRST_COMPLETED)

@@ -26,7 +26,6 @@ from app.db import Connection, Database, Lock
 from app.errors import Forbidden, InvalidRequest
 from app.progress import Report, quiet
 from app.settings import Settings
-from app.state import AppState
 
 EXPORT_PAGE = 100
 VERIFY_PAGE = 200
@@ -113,11 +112,16 @@ def _after(cursor: str | None) -> int | None:
 
 
 async def page(
-    state: AppState, principal: Principal, where: AuditFilter, limit: int, cursor: str | None
+    db: Database,
+    settings: Settings,
+    principal: Principal,
+    where: AuditFilter,
+    limit: int,
+    cursor: str | None,
 ) -> AuditPage:
     """One page, oldest first; ``next_cursor`` is null on the last page."""
-    where = readable(state.settings, principal, where)
-    async with state.db.connection() as conn:
+    where = readable(settings, principal, where)
+    async with db.connection() as conn:
         rows, more = await store.page(conn, where, _after(cursor), limit)
     return {
         "items": [chain.item(row) for row in rows],
@@ -126,7 +130,7 @@ async def page(
 
 
 async def export(
-    state: AppState, principal: Principal, where: AuditFilter, cursor: str | None
+    db: Database, settings: Settings, principal: Principal, where: AuditFilter, cursor: str | None
 ) -> AsyncIterator[bytes]:
     """Every matching row as NDJSON, fetched in keyset pages while the client reads.
 
@@ -135,10 +139,10 @@ async def export(
     between pages and no turn (``Turns``) while the client reads, so a slow reader costs
     none.
     """
-    where = readable(state.settings, principal, where)
-    async with state.db.connection() as conn:
+    where = readable(settings, principal, where)
+    async with db.connection() as conn:
         first = await store.page(conn, where, _after(cursor), EXPORT_PAGE)
-    return _lines(state.db, where, first)
+    return _lines(db, where, first)
 
 
 async def _lines(db: Database, where: AuditFilter, page: store.Page) -> AsyncIterator[bytes]:
@@ -152,16 +156,15 @@ async def _lines(db: Database, where: AuditFilter, page: store.Page) -> AsyncIte
             page = await store.page(conn, where, page.rows[-1].seq, EXPORT_PAGE)
 
 
-async def verify_for(state: AppState, principal: Principal) -> VerifyReport:
+async def verify_for(db: Database, settings: Settings, principal: Principal) -> VerifyReport:
     """The chain verified for an auditor or admin, once this process's other verification
     is done (``Turns.verification``)."""
-    readable(state.settings, principal, AuditFilter())
-    settings = state.settings
+    readable(settings, principal, AuditFilter())
     key = checkpoints.signing_key(settings)
     days = settings.audit_retention_days
     async with TURNS.verification():
         return await verify(
-            state.db,
+            db,
             key.public if key else None,
             turns=TURNS,
             horizon=timedelta(days=days) if days else None,

@@ -15,21 +15,24 @@ from app.calls import egress, policy, store
 from app.calls.models import Authorized, CallRow, Request
 from app.calls.policy import Facts, PreparedCall
 from app.calls.recording import record_refusal
+from app.calls.services import Services
 from app.catalog.models import Owner
 from app.consent import store as approvals
+from app.db import Database
 from app.errors import NotFound, ToolgateError, UnknownTool
 from app.known import store as known_values
+from app.providers import ProviderClient
 from app.runs import endorsement
 from app.runs import service as runs
+from app.runs.endorsement import TrustedTexts
 from app.runs.models import RunRow
 from app.runs.provenance import Recall
-from app.state import AppState
 
 T = TypeVar("T")
 
 
 async def authorize(
-    state: AppState,
+    state: Services,
     request: Request,
     call_id: str,
     existing: CallRow | None,
@@ -65,9 +68,9 @@ async def authorize(
     return Authorized(request, call, decision)
 
 
-async def facts_of(state: AppState, call: PreparedCall, request: Request) -> Facts:
+async def facts_of(state: Services, call: PreparedCall, request: Request) -> Facts:
     run_id = request.run_id
-    owners = await owners_of(state, call)
+    owners = await owners_of(state.providers, call)
     hosts = [policy.egress_host(url) for _, url in call.egress]
     addresses = iter(await concurrently([egress.resolve(h) for h in hosts if h is not None]))
     return Facts(
@@ -76,8 +79,8 @@ async def facts_of(state: AppState, call: PreparedCall, request: Request) -> Fac
             arg: next(addresses) if host is not None else ()
             for (arg, _), host in zip(call.egress, hosts, strict=True)
         },
-        recall=await recall_of(state, call, run_id),
-        sources=await sources_of(state, call, request),
+        recall=await recall_of(state.db, call, run_id),
+        sources=await sources_of(state.db, state.trusted, call, request),
         scope=scope_of(request.run),
     )
 
@@ -90,7 +93,7 @@ def scope_of(run: RunRow | None) -> policy.Scope | None:
 
 
 async def sources_of(
-    state: AppState, call: PreparedCall, request: Request
+    db: Database, trusted_texts: TrustedTexts, call: PreparedCall, request: Request
 ) -> endorsement.Sources | None:
     """What can endorse the call's ``x-endorsed`` arguments: its run's task and the trusted
     results the run was given (held by this process while they stay the same), and which of
@@ -109,18 +112,18 @@ async def sources_of(
     ]
     if not digests:
         return endorsement.Sources(task, (), frozenset())
-    held = state.trusted.get(run.id) if run is not None else None
-    async with state.db.connection() as conn:
+    held = trusted_texts.get(run.id) if run is not None else None
+    async with db.connection() as conn:
         chars, stored, known = await known_values.sources(
             conn, request.principal.tenant, request.run_id, digests, held[0] if held else -1
         )
     trusted = held[1] if held else ()  # unless the run keeps more than this process holds
     if stored is not None and run is not None:
-        trusted = state.trusted.put(run.id, chars, stored)
+        trusted = trusted_texts.put(run.id, chars, stored)
     return endorsement.Sources(task, trusted, known)
 
 
-async def recall_of(state: AppState, call: PreparedCall, run_id: str | None) -> Recall | None:
+async def recall_of(db: Database, call: PreparedCall, run_id: str | None) -> Recall | None:
     """What the call's run remembers of its arguments; nothing to ask outside a run, for a
     tool that allows tainted arguments, or without an argument long enough to judge. A
     database that cannot answer fails the request (503), never passes it as untainted."""
@@ -128,13 +131,13 @@ async def recall_of(state: AppState, call: PreparedCall, run_id: str | None) -> 
     if not candidates:
         return None
     assert run_id is not None
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         return await runs.recall(conn, run_id, candidates)
 
 
-async def owners_of(state: AppState, call: PreparedCall) -> list[Owner | None]:
+async def owners_of(providers: ProviderClient, call: PreparedCall) -> list[Owner | None]:
     """Each ``x-resource`` argument's owner, asked of its provider now, concurrently."""
-    return await concurrently([state.providers.owner(r, rid) for _, r, rid in call.resources])
+    return await concurrently([providers.owner(r, rid) for _, r, rid in call.resources])
 
 
 async def concurrently(awaitables: list[Awaitable[T]]) -> list[T]:
@@ -145,18 +148,18 @@ async def concurrently(awaitables: list[Awaitable[T]]) -> list[T]:
     return list(await asyncio.gather(*awaitables))
 
 
-async def check_run(state: AppState, principal: Principal, run_id: str | None) -> RunRow | None:
+async def check_run(db: Database, principal: Principal, run_id: str | None) -> RunRow | None:
     """A ``run_id`` must name the principal's own run before anything is recorded under it;
     the run, whose scope and task decide too."""
     if run_id is None:
         return None
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         return await runs.visible(conn, principal, run_id)
 
 
-async def visible_call(state: AppState, principal: Principal, call_id: str) -> CallRow:
+async def visible_call(db: Database, principal: Principal, call_id: str) -> CallRow:
     """The actor's own call; any other call is indistinguishable from a missing one."""
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         row = await store.get(conn, call_id)
     if row is None or row.tenant != principal.tenant or row.actor != principal.sub:
         raise NotFound("no such call")
@@ -164,14 +167,14 @@ async def visible_call(state: AppState, principal: Principal, call_id: str) -> C
 
 
 async def approved_call(
-    state: AppState, principal: Principal, approval_id: str | None
+    db: Database, principal: Principal, approval_id: str | None
 ) -> CallRow | None:
     """The actor's own call that ``approval_id`` was given for, or ``None`` (no approval
     named, or none of the actor's: it is refused where approvals are checked). An
     execution by approval alone runs that call, so it counts against that call's run."""
     if approval_id is None:
         return None
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         approval = await approvals.get(conn, approval_id)
         row = await store.get(conn, approval.call_id) if approval else None
     if row is None or row.tenant != principal.tenant or row.actor != principal.sub:

@@ -15,6 +15,7 @@ from app.canonical import digest
 from app.consent import rules
 from app.consent import store as approvals
 from app.consent.models import ApprovalRow, Binding
+from app.db import Database
 from app.errors import (
     ApprovalConsumed,
     ApprovalMismatch,
@@ -26,18 +27,18 @@ from app.errors import (
     ProviderUnavailable,
 )
 from app.outbound import NotSent, Response, TooLarge, Uncertain
-from app.state import AppState
+from app.providers import ProviderClient
 
 TOO_LARGE = "the provider's response is too large"
 
 
-async def preview(state: AppState, authorized: Authorized, call_id: str) -> Response:
+async def preview(providers: ProviderClient, authorized: Authorized, call_id: str) -> Response:
     """The provider's preview of the authorized call (its ``dry_run`` endpoint); nothing
     certain to show is a 502 or 504, never an empty preview."""
     call, tool = authorized.call, authorized.tool
     assert tool.dry_run is not None
     try:
-        response = await state.providers.call(
+        response = await providers.call(
             tool.provider, tool.dry_run, call.arguments, authorized.principal, call_id
         )
     except NotSent as exc:
@@ -63,18 +64,20 @@ async def preview(state: AppState, authorized: Authorized, call_id: str) -> Resp
     return response
 
 
-async def recheck(state: AppState, authorized: Authorized, approval: ApprovalRow) -> Response:
+async def recheck(
+    db: Database, providers: ProviderClient, authorized: Authorized, approval: ApprovalRow
+) -> Response:
     """Preview the approved call again (``approval.recheck``): the approval holds only if
     the world still looks as the approver saw it. A changed preview is ``ApprovalStale``,
     with both hashes; the current preview otherwise. An approval that consumption would
     refuse anyway (its call rejected, or run on another approval) is refused as such: before
     asking the provider, and again when the preview changed, since the change may be that
     very execution's effect (it consumed the approval before it sent)."""
-    await _refuse_used(state, approval)
-    response = await preview(state, authorized, approval.call_id)
+    await _refuse_used(db, approval)
+    response = await preview(providers, authorized, approval.call_id)
     current = digest(response.body)
     if current != approval.snapshot_hash:
-        await _refuse_used(state, approval)
+        await _refuse_used(db, approval)
         raise ApprovalStale(
             "the preview changed since the approval: preview and approve the call again",
             call_id=approval.call_id,
@@ -85,7 +88,7 @@ async def recheck(state: AppState, authorized: Authorized, approval: ApprovalRow
 
 
 async def valid_approval(
-    state: AppState,
+    db: Database,
     authorized: Authorized,
     approval_id: str | None,
     call_id: str | None,
@@ -98,7 +101,7 @@ async def valid_approval(
     call, principal = authorized.call, authorized.principal
     if approval_id is None and call_id is None:
         raise ApprovalRequired("this call is high impact and needs an approval_id")
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         if approval_id is not None:
             approval = await approvals.get(conn, approval_id)
         else:
@@ -125,8 +128,8 @@ async def valid_approval(
     return rules.quorate(approval, decided, needed, now) if needed > 1 else approval
 
 
-async def _refuse_used(state: AppState, approval: ApprovalRow) -> None:
-    async with state.db.connection() as conn:
+async def _refuse_used(db: Database, approval: ApprovalRow) -> None:
+    async with db.connection() as conn:
         standing = await approvals.standing(conn, approval.call_id)
     if any(a.decision == "reject" or a.consumed_by is not None for a in standing):
         raise ApprovalConsumed("the call was already rejected or executed")
@@ -168,20 +171,20 @@ def binding(authorized: Authorized, dry_run: DryRunRow | None) -> Binding:
     )
 
 
-async def require_dry_run(state: AppState, authorized: Authorized, dry_run_id: str | None) -> None:
+async def require_dry_run(db: Database, authorized: Authorized, dry_run_id: str | None) -> None:
     call, principal = authorized.call, authorized.principal
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         dry_run = await store.dry_run_for(
             conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
         )
     _check_fresh(dry_run)
 
 
-async def named_dry_run(state: AppState, authorized: Authorized, dry_run_id: str) -> None:
+async def named_dry_run(db: Database, authorized: Authorized, dry_run_id: str) -> None:
     """A dry-run the request names where no gate needs one must still be this actor's
     dry-run of these arguments: an id that is given is honoured or refused, never ignored."""
     call, principal = authorized.call, authorized.principal
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         dry_run = await store.dry_run_for(
             conn, principal.tenant, principal.sub, call.fingerprint, dry_run_id
         )

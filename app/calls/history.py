@@ -21,16 +21,16 @@ from app.calls import store, waiting
 from app.calls.answers import CallDecision, CallDryRun, CallHistory, CallProposal
 from app.calls.models import CallRow, DryRunRow, ExecutionSummary
 from app.calls.results import mask_arguments, sensitive_values
+from app.calls.services import Services
 from app.consent import rules
 from app.consent import store as approvals
 from app.consent.models import ApprovalRow
 from app.errors import InvalidRequest, NotFound, Unavailable
-from app.state import AppState
 
 T = TypeVar("T")
 
 
-def may_see(state: AppState, principal: Principal, call: CallRow) -> bool:
+def may_see(state: Services, principal: Principal, call: CallRow) -> bool:
     settings = state.settings
     if settings.admin_role in principal.roles:
         return True
@@ -46,7 +46,7 @@ def may_see(state: AppState, principal: Principal, call: CallRow) -> bool:
     )
 
 
-def may_decide(state: AppState, principal: Principal, call: CallRow) -> bool:
+def may_decide(state: Services, principal: Principal, call: CallRow) -> bool:
     """Whether ``principal`` may approve or reject ``call`` now: it awaits a decision (as in
     the pending inbox) and they are one of its approvers."""
     tool = state.catalog.tools.get(call.tool)
@@ -59,7 +59,7 @@ def may_decide(state: AppState, principal: Principal, call: CallRow) -> bool:
 
 
 async def history_after(
-    state: AppState, principal: Principal, call_id: str, wait_s: float | None
+    state: Services, principal: Principal, call_id: str, wait_s: float | None
 ) -> CallHistory:
     """The call's history once it is no longer waiting (``waiting.is_waiting``), or when
     ``wait_s`` seconds have passed, whichever comes first; at once without ``wait_s``. The
@@ -130,7 +130,7 @@ EVENTS_SHOWN = 200
 """Audit rows a history lists (the newest): a key replayed many times adds a row each time."""
 
 
-async def _record(state: AppState, call_id: str) -> CallRecord | None:
+async def _record(state: Services, call_id: str) -> CallRecord | None:
     async with state.db.connection() as conn:
         call = await store.get(conn, call_id)
         if call is None:
@@ -144,7 +144,7 @@ async def _record(state: AppState, call_id: str) -> CallRecord | None:
         )
 
 
-async def history(state: AppState, principal: Principal, call_id: str) -> CallHistory:
+async def history(state: Services, principal: Principal, call_id: str) -> CallHistory:
     """The call's history as ``principal`` may see it; read together with concurrent
     requests for the same call (``CallWaiters.read_together``)."""
     record = await state.waiters.read_together(call_id, lambda: _record(state, call_id))
@@ -210,7 +210,7 @@ async def history(state: AppState, principal: Principal, call_id: str) -> CallHi
 
 
 async def to_decide(
-    state: AppState, principal: Principal, call_id: str
+    state: Services, principal: Principal, call_id: str
 ) -> tuple[CallProposal, CallDryRun | None]:
     """What an approver asked through MCP elicitation is shown: the call's proposal as
     ``principal`` may see it, and its latest preview (or ``None``), whose hash their
@@ -224,7 +224,7 @@ async def to_decide(
     return proposal, None if latest is None else _dry_run(latest)
 
 
-def _proposal(state: AppState, principal: Principal, call: CallRow) -> tuple[CallProposal, bool]:
+def _proposal(state: Services, principal: Principal, call: CallRow) -> tuple[CallProposal, bool]:
     """The call's proposal as ``principal`` may see it, and whether they may decide it."""
     tool = state.catalog.tools.get(call.tool)
     # Arguments are stored only once their tool validated them: a tool the catalog no

@@ -32,6 +32,7 @@ from app.calls import answers, exactly_once, gates, gating, recording, store
 from app.calls.models import Answer, Authorized, CallRow, ExecutionRow, Request
 from app.calls.policy import PreparedCall
 from app.calls.results import classify, result_body
+from app.calls.services import Services
 from app.calls.states import Finished
 from app.catalog.models import Tool
 from app.consent import rules
@@ -49,7 +50,6 @@ from app.errors import (
 from app.ids import new_id
 from app.outbound import NotSent, Response, Uncertain
 from app.runs import service as runs
-from app.state import AppState
 from app.webhooks import store as webhooks
 
 LOCK_MARGIN_S = 5.0
@@ -84,7 +84,7 @@ class OpenExecution:
 
     def __init__(
         self,
-        state: AppState,
+        state: Services,
         request: Request,
         call: PreparedCall,
         record: ExecutionRow,
@@ -269,7 +269,7 @@ class Execution:
 
     def __init__(
         self,
-        state: AppState,
+        state: Services,
         authorized: Authorized,
         key: str,
         existing: CallRow | None,
@@ -463,16 +463,16 @@ class Execution:
         shows what it was given on; the approval names the call when the request did not."""
         authorized = self.authorized
         approval = await gates.valid_approval(
-            self.state, authorized, self.approval_id, self.call_id, self.dry_run_id
+            self.state.db, authorized, self.approval_id, self.call_id, self.dry_run_id
         )
         self.call_id = self.call_id or approval.call_id
         if authorized.tool.recheck and approval.snapshot_hash is not None:
-            preview = await gates.recheck(self.state, authorized, approval)
+            preview = await gates.recheck(self.state.db, self.state.providers, authorized, approval)
             self.rechecked = self._rechecked(approval, preview)
         self.approval = approval
 
     async def _dry_run(self) -> None:
-        await gates.require_dry_run(self.state, self.authorized, self.dry_run_id)
+        await gates.require_dry_run(self.state.db, self.authorized, self.dry_run_id)
 
     async def _run(self) -> None:
         """Nothing to read before the claim: the run admits the call in the claim's own

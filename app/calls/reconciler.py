@@ -40,17 +40,17 @@ from app.calls import exactly_once, mutation, store
 from app.calls.models import CallRow, ExecutionRow, Request
 from app.calls.mutation import OpenExecution
 from app.calls.policy import PreparedCall, Target
+from app.calls.services import Services
 from app.catalog.models import Catalog, Tool
 from app.db import Lock
 from app.errors import ProviderTimeout, Unavailable
-from app.state import AppState
 
 EVERY_S = 10.0
 BATCH = 20
 log = logging.getLogger("toolgate")
 
 
-async def run(state: AppState) -> None:
+async def run(state: Services) -> None:
     """A pass every ``EVERY_S`` for as long as the app runs; trouble postpones to the next."""
     while True:
         await asyncio.sleep(EVERY_S)
@@ -65,7 +65,7 @@ async def run(state: AppState) -> None:
                 log.info("reconciliation pass: %d stale execution records looked at", looked_at)
 
 
-async def reconcile_stale(state: AppState) -> int | None:
+async def reconcile_stale(state: Services) -> int | None:
     """One pass: the number of stale records looked at, or ``None`` when another pass (on
     any instance) holds the lock."""
     catalog = state.catalog
@@ -90,7 +90,7 @@ async def reconcile_stale(state: AppState) -> int | None:
     return len(records)
 
 
-async def _resolve(state: AppState, catalog: Catalog, record: ExecutionRow) -> None:
+async def _resolve(state: Services, catalog: Catalog, record: ExecutionRow) -> None:
     tool = catalog.tools.get(record.tool)
     if tool is None:  # gone from the catalog: nothing to ask, nor to mask its arguments by
         async with state.db.connection() as conn:
@@ -123,7 +123,7 @@ async def _resolve(state: AppState, catalog: Catalog, record: ExecutionRow) -> N
 
 
 def _opened(
-    state: AppState, catalog: Catalog, tool: Tool, record: ExecutionRow, call: CallRow
+    state: Services, catalog: Catalog, tool: Tool, record: ExecutionRow, call: CallRow
 ) -> OpenExecution:
     """The open record with the original request, as far as storing its outcome needs it:
     the record's actor and tenant (the identity the provider is told), its stored arguments,

@@ -43,6 +43,7 @@ from app.calls.recording import (
     write_denial,
 )
 from app.calls.results import classify, result_body, trimmed
+from app.calls.services import Services
 from app.calls.states import FINAL, OUTCOMES, SETTLED, CallState, Finished, Next
 from app.canonical import digest
 from app.catalog.models import Catalog
@@ -62,15 +63,14 @@ from app.ids import new_id
 from app.outbound import NotSent, TooLarge, Uncertain
 from app.runs import service as runs
 from app.runs.store import Told
-from app.state import AppState
 from app.webhooks import store as webhooks
 
 
-async def propose(state: AppState, principal: Principal, body: ProposeBody) -> Proposal:
+async def propose(state: Services, principal: Principal, body: ProposeBody) -> Proposal:
     request = Request.under(
         state.catalog, principal, body.tool, body.arguments, body.run_id, body.tool_call_id
     )
-    request = request._replace(run=await check_run(state, principal, body.run_id))
+    request = request._replace(run=await check_run(state.db, principal, body.run_id))
     call_id = new_id("call")
     authorized = await authorize(state, request, call_id, None)
     call, decision = authorized.call, authorized.decision
@@ -131,19 +131,21 @@ def proposal_outcome(row: CallRow) -> dict[str, Any] | None:
 
 
 async def execute(
-    state: AppState, principal: Principal, body: ExecuteBody, key: IdempotencyKey
+    state: Services, principal: Principal, body: ExecuteBody, key: IdempotencyKey
 ) -> Answer:
     """Run a call now, re-authorized from scratch: reads here, mutations exactly once. A
     call named by ``call_id`` or ``approval_id`` runs in that call's run, and no other."""
-    existing = None if body.call_id is None else await visible_call(state, principal, body.call_id)
-    approved = await approved_call(state, principal, body.approval_id)
+    existing = (
+        None if body.call_id is None else await visible_call(state.db, principal, body.call_id)
+    )
+    approved = await approved_call(state.db, principal, body.approval_id)
     named = existing or approved
     if named is not None and body.run_id not in (None, named.run_id):
         raise InvalidRequest("run_id differs from the run of the call it executes")
     run_id = body.run_id if body.run_id is not None else named.run_id if named else None
     tool_name, arguments = _what_to_run(body, existing)
     request = Request.under(state.catalog, principal, tool_name, arguments, run_id)
-    request = request._replace(run=await check_run(state, principal, run_id))
+    request = request._replace(run=await check_run(state.db, principal, run_id))
     call_id = existing.id if existing else new_id("call")
     authorized = await authorize(
         state, request, call_id, existing, own_arguments=body.arguments is None
@@ -152,7 +154,7 @@ async def execute(
         if body.approval_id is not None and approved is None:
             raise NotFound("no such approval", call_id=call_id if existing else None)
         if body.dry_run_id is not None and not authorized.tool.require_dry_run:
-            await gates.named_dry_run(state, authorized, body.dry_run_id)
+            await gates.named_dry_run(state.db, authorized, body.dry_run_id)
     if authorized.tool.mutation:
         execution = mutation.Execution(
             state, authorized, key.required(), existing, body.approval_id, body.dry_run_id
@@ -187,7 +189,7 @@ def _what_to_run(body: ExecuteBody, existing: CallRow | None) -> tuple[str, Any]
 
 
 async def _read(
-    state: AppState,
+    state: Services,
     authorized: Authorized,
     existing: CallRow | None,
     call_id: str,
@@ -279,7 +281,7 @@ async def _read(
 
 
 async def _use_read_approval(
-    state: AppState,
+    state: Services,
     authorized: Authorized,
     existing: CallRow | None,
     call_id: str,
@@ -293,7 +295,7 @@ async def _use_read_approval(
     request, call = authorized.request, authorized.call
     try:
         approval = await gates.valid_approval(
-            state, authorized, approval_id, existing.id if existing else None, dry_run_id
+            state.db, authorized, approval_id, existing.id if existing else None, dry_run_id
         )
         async with state.db.transaction() as conn:
             await store.set_state(conn, call_id, "executing")  # locks the call's row
@@ -307,7 +309,7 @@ async def _use_read_approval(
 
 
 async def _record_read(
-    state: AppState,
+    state: Services,
     authorized: Authorized,
     existing: CallRow | None,
     call_id: str,
@@ -370,20 +372,20 @@ async def _approved_elsewise(conn: Connection, call: CallRow, snapshot_hash: str
     return all(a.snapshot_hash != snapshot_hash for a in standing if a.decision == "approve")
 
 
-async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> Preview:
+async def dry_run(state: Services, principal: Principal, body: DryRunBody) -> Preview:
     """Preview a proposed call through the provider's ``dry_run`` endpoint, re-authorized."""
-    existing = await visible_call(state, principal, body.call_id)
+    existing = await visible_call(state.db, principal, body.call_id)
     if existing.arguments is None:
         raise InvalidRequest("a denied call cannot be previewed", call_id=existing.id)
     request = Request.under(
         state.catalog, principal, existing.tool, existing.arguments, existing.run_id
     )
-    request = request._replace(run=await check_run(state, principal, existing.run_id))
+    request = request._replace(run=await check_run(state.db, principal, existing.run_id))
     if request.tool is not None and request.tool.dry_run is None:
         raise InvalidRequest(f"tool {request.tool.name!r} has no dry-run", call_id=existing.id)
     authorized = await authorize(state, request, existing.id, existing)
     call, tool = authorized.call, authorized.tool
-    response = await gates.preview(state, authorized, existing.id)
+    response = await gates.preview(state.providers, authorized, existing.id)
     snapshot_hash = digest(response.body)
     ttl_s = approval_window_s(tool)
     row = DryRunRow(
@@ -437,7 +439,7 @@ async def dry_run(state: AppState, principal: Principal, body: DryRunBody) -> Pr
 
 
 async def _announce_awaiting(
-    conn: Connection, state: AppState, catalog: Catalog, call: CallRow
+    conn: Connection, state: Services, catalog: Catalog, call: CallRow
 ) -> None:
     """``approval.requested``: enough for a chat message (the call, tool, actor, target,
     impact and a link to the console's page for it), never an argument's value."""

@@ -27,7 +27,11 @@ async def put_known_value(
     kind: Kind, value: Value, principal: CurrentPrincipal, state: State
 ) -> JSON:
     """Vouch for ``value`` as a ``kind`` of the admin's tenant (a slash in it is part of it)."""
-    return JSON(await service.put(state, principal, kind, value))
+    return JSON(
+        await service.put(
+            state.db, state.catalog, state.settings.admin_role, principal, kind, value
+        )
+    )
 
 
 @router.delete(
@@ -38,7 +42,7 @@ async def put_known_value(
 async def delete_known_value(
     kind: Kind, value: Value, principal: CurrentPrincipal, state: State
 ) -> JSON:
-    return JSON(await service.delete(state, principal, kind, value))
+    return JSON(await service.delete(state.db, state.settings.admin_role, principal, kind, value))
 
 
 @router.get(
@@ -49,4 +53,4 @@ async def delete_known_value(
 async def list_known_values(
     kind: Kind, principal: CurrentPrincipal, state: State, cursor: str | None = None
 ) -> JSON:
-    return JSON(await service.listing(state, principal, kind, cursor))
+    return JSON(await service.listing(state.db, state.settings.admin_role, principal, kind, cursor))

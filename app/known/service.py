@@ -7,12 +7,11 @@ from app import cursors
 from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.catalog.models import Catalog
-from app.db import Connection
+from app.db import Connection, Database
 from app.errors import Forbidden, InvalidRequest, NotFound
 from app.known import store
 from app.known.models import Forgotten, KnownPage, KnownValue
 from app.runs import endorsement
-from app.state import AppState
 
 PAGE_SIZE = 100
 
@@ -57,8 +56,8 @@ def _event(event: str, tenant: str, actor: str, kind: str, digest: str) -> Audit
     )
 
 
-def _admin(state: AppState, principal: Principal) -> None:
-    if state.settings.admin_role not in principal.roles:
+def _admin(admin_role: str, principal: Principal) -> None:
+    if admin_role not in principal.roles:
         raise Forbidden("only an admin manages known values")
 
 
@@ -68,26 +67,30 @@ def _value(value: str) -> str:
     return value
 
 
-async def put(state: AppState, principal: Principal, kind: str, value: str) -> KnownValue:
-    _admin(state, principal)
-    async with state.db.transaction() as conn:
+async def put(
+    db: Database, catalog: Catalog, admin_role: str, principal: Principal, kind: str, value: str
+) -> KnownValue:
+    _admin(admin_role, principal)
+    async with db.transaction() as conn:
         digest = await remember(
             conn,
-            state.catalog,
+            catalog,
             principal.tenant,
             kind,
             _value(value),
             principal.sub,
             sensitive=False,
         )
-    shown = None if sensitive_kind(state.catalog, kind) else value
+    shown = None if sensitive_kind(catalog, kind) else value
     return {"kind": kind, "digest": digest, "value": shown}
 
 
-async def delete(state: AppState, principal: Principal, kind: str, value: str) -> Forgotten:
-    _admin(state, principal)
+async def delete(
+    db: Database, admin_role: str, principal: Principal, kind: str, value: str
+) -> Forgotten:
+    _admin(admin_role, principal)
     digest = endorsement.digest(kind, _value(value))
-    async with state.db.transaction() as conn:
+    async with db.transaction() as conn:
         if not await store.remove(conn, principal.tenant, kind, digest):
             raise NotFound("no such known value")
         await append(conn, _event("forgotten", principal.tenant, principal.sub, kind, digest))
@@ -95,11 +98,11 @@ async def delete(state: AppState, principal: Principal, kind: str, value: str) -
 
 
 async def listing(
-    state: AppState, principal: Principal, kind: str, cursor: str | None
+    db: Database, admin_role: str, principal: Principal, kind: str, cursor: str | None
 ) -> KnownPage:
-    _admin(state, principal)
+    _admin(admin_role, principal)
     after = cursors.decode(cursor, 1)[0] if cursor is not None else None
-    async with state.db.connection() as conn:
+    async with db.connection() as conn:
         rows = await store.page(conn, principal.tenant, kind, after, PAGE_SIZE + 1)
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 from pydantic import ValidationError
@@ -33,12 +33,14 @@ from app import load, recordable
 from app.approvals import service as approvals
 from app.approvals.models import ApproveBody
 from app.auth.principal import Principal
+from app.bodies import Body
 from app.calls import history, policy, service, store
 from app.calls.answers import Execution
 from app.calls.authorization import visible_call
 from app.calls.models import CallRow, DryRunBody, ExecuteBody, IdempotencyKey, ProposeBody
 from app.calls.mutation import lock_ttl
 from app.calls.policy import PreparedCall
+from app.calls.services import Services
 from app.calls.waiting import MAX_WAIT_S
 from app.catalog.models import Tool
 from app.consent import rules
@@ -50,9 +52,9 @@ from app.errors import (
     InvalidRequest,
     ToolgateError,
 )
-from app.state import AppState
 
 Mode = Literal["form", "url"]
+B = TypeVar("B", bound=Body)
 APPROVAL = "approval"
 """The key of the one input request toolgate makes, in ``inputRequests``."""
 
@@ -120,7 +122,7 @@ def request_key(session: str, request_id: str | int, tool: str, arguments: Any) 
     return "mcp_" + hashlib.sha256(material.encode()).hexdigest()
 
 
-async def call_tool(state: AppState, ask: Ask) -> Outcome:
+async def call_tool(state: Services, ask: Ask) -> Outcome:
     """Run ``ask`` as far as toolgate may now; every refusal is a ``Refused``. A decision
     like those of the HTTP routes, so it is counted as one (``app.load``)."""
     try:
@@ -136,7 +138,7 @@ async def call_tool(state: AppState, ask: Ask) -> Outcome:
         return Refused(error)
 
 
-async def _read(state: AppState, ask: Ask) -> Outcome:
+async def _read(state: Services, ask: Ask) -> Outcome:
     """A read that can never need an approval runs as REST's ``/execute`` runs one: one
     decision, then the provider. Reading again is no harm, so a resend simply reads again."""
     body = _body(ExecuteBody, tool=ask.tool, arguments=ask.arguments, run_id=ask.run_id)
@@ -144,7 +146,7 @@ async def _read(state: AppState, ask: Ask) -> Outcome:
     return Done(answer.body)
 
 
-async def _replayed(state: AppState, ask: Ask, key: str) -> Outcome | None:
+async def _replayed(state: Services, ask: Ask, key: str) -> Outcome | None:
     """A resend: the execution under ``key`` answers it (re-authorized, never run again)."""
     principal = ask.principal
     async with state.db.connection() as conn:
@@ -154,7 +156,7 @@ async def _replayed(state: AppState, ask: Ask, key: str) -> Outcome | None:
     return await _execute(state, ask, record.call_id, key)
 
 
-async def _first(state: AppState, ask: Ask, key: str) -> Outcome:
+async def _first(state: Services, ask: Ask, key: str) -> Outcome:
     """A call that needs an approval is looked for (``_standing``) and, if there is none,
     proposed, under a lock on the actor's tool and arguments: identical requests sent at
     once would otherwise each open a request for approval, and each approved one run."""
@@ -183,7 +185,7 @@ async def _first(state: AppState, ask: Ask, key: str) -> Outcome:
         return await _propose(state, ask, key)
 
 
-async def _propose(state: AppState, ask: Ask, key: str) -> Outcome:
+async def _propose(state: Services, ask: Ask, key: str) -> Outcome:
     """A new call: proposed, previewed when it needs it, then run or put to approvers."""
     proposal = await service.propose(
         state,
@@ -208,7 +210,7 @@ def _prepared(tool: Tool, ask: Ask) -> PreparedCall | None:
         return None
 
 
-async def _standing(state: AppState, ask: Ask, tool: Tool, fingerprint: str) -> CallRow | None:
+async def _standing(state: Services, ask: Ask, tool: Tool, fingerprint: str) -> CallRow | None:
     """The actor's call of this tool with these arguments, in the same run (or none), that
     awaits or holds an approval (``store.standing``), if any."""
     assert tool.approval is not None
@@ -224,7 +226,7 @@ async def _standing(state: AppState, ask: Ask, tool: Tool, fingerprint: str) -> 
         )
 
 
-async def _execute(state: AppState, ask: Ask, call_id: str, key: str) -> Outcome:
+async def _execute(state: Services, ask: Ask, call_id: str, key: str) -> Outcome:
     """``/execute`` of the stored call ``call_id`` (which must be of the asked tool) with
     ``key`` (reads ignore it)."""
     body = _body(ExecuteBody, call_id=call_id, tool=ask.tool, run_id=ask.run_id)
@@ -232,7 +234,7 @@ async def _execute(state: AppState, ask: Ask, call_id: str, key: str) -> Outcome
     return Done(answer.body)
 
 
-async def _approval(state: AppState, ask: Ask, call_id: str, key: str) -> Outcome:
+async def _approval(state: Services, ask: Ask, call_id: str, key: str) -> Outcome:
     """Ask for the approval of ``call_id``: in a form where the actor may approve their own
     call, else through the console's page for it; a client that cannot be asked is told
     the call awaits approval."""
@@ -276,7 +278,7 @@ async def _approval(state: AppState, ask: Ask, call_id: str, key: str) -> Outcom
     return Elicit(mode, "\n".join(lines), call_id, url, request_state)
 
 
-async def _resume(state: AppState, ask: Ask) -> Outcome:
+async def _resume(state: Services, ask: Ask) -> Outcome:
     """The client's retry after toolgate's input request: the actor's own decision (form),
     or the approver's, awaited for a while (URL); then the call runs under the original
     request's key."""
@@ -284,7 +286,7 @@ async def _resume(state: AppState, ask: Ask) -> Outcome:
     replay = await _replayed(state, ask, key)
     if replay is not None:
         return replay
-    call = await visible_call(state, ask.principal, call_id)
+    call = await visible_call(state.db, ask.principal, call_id)
     if call.tool != ask.tool:
         raise InvalidRequest("requestState names a call of another tool")
     if call.state == "rejected":
@@ -334,8 +336,9 @@ def _parse_state(text: str | None) -> tuple[str, str, str | None]:
     return call_id, key, snapshot_hash
 
 
-def _body(model: Any, **fields: Any) -> Any:
-    """A request body built from MCP input, refused as ``invalid_request`` as REST would."""
+def _body(model: type[B], **fields: Any) -> B:
+    """A use case's command (REST's request body) built from MCP input, refused as
+    ``invalid_request`` as REST would refuse the body."""
     try:
         return model.model_validate(fields)
     except ValidationError as exc:

@@ -20,7 +20,7 @@ async def create_run(
     principal: CurrentPrincipal, state: State, body: RunBody | None = None
 ) -> JSON:
     """The body is optional: a run with no task and the server's limits."""
-    return JSON(await service.create(state, principal, body or RunBody()))
+    return JSON(await service.create(state.db, principal, body or RunBody()))
 
 
 @router.patch(
@@ -32,12 +32,12 @@ async def narrow_run(
     run_id: PathId, body: ScopeBody, principal: CurrentPrincipal, state: State
 ) -> JSON:
     """Narrow the run's scope (never widen it)."""
-    return JSON(await service.narrow(state, principal, run_id, body))
+    return JSON(await service.narrow(state.db, state.catalog, principal, run_id, body))
 
 
 @router.get("/runs/{run_id}", response_model=Run, responses=problems(*AUTHENTICATED, NotFound))
 async def read_run(run_id: PathId, principal: CurrentPrincipal, state: State) -> JSON:
-    return JSON(await service.read(state, principal, run_id))
+    return JSON(await service.read(state.db, state.catalog, principal, run_id))
 
 
 @router.post(
@@ -48,4 +48,4 @@ async def read_run(run_id: PathId, principal: CurrentPrincipal, state: State) ->
 async def finish_run(
     run_id: PathId, body: FinishBody, principal: CurrentPrincipal, state: State
 ) -> JSON:
-    return JSON(await service.finish(state, principal, run_id, body))
+    return JSON(await service.finish(state.db, state.catalog, principal, run_id, body))

@@ -14,7 +14,7 @@ from typing import Any
 
 from app.auth.principal import Principal
 from app.catalog.models import Catalog
-from app.db import Connection, Writer
+from app.db import Connection, Database, Writer
 from app.errors import InvalidRequest, NotFound, RepeatedCall, RunLimitExceeded, ToolgateError
 from app.ids import new_id
 from app.runs import endorsement, provenance, store
@@ -27,11 +27,10 @@ from app.runs.models import (
     RunRow,
     ScopeBody,
 )
-from app.state import AppState
 from app.webhooks import store as webhooks
 
 
-async def create(state: AppState, principal: Principal, body: RunBody) -> RunCreated:
+async def create(db: Database, principal: Principal, body: RunBody) -> RunCreated:
     requested = body.limits.model_dump()
     limits = {
         name: min(requested[name], cap) if requested[name] is not None else cap
@@ -55,16 +54,18 @@ async def create(state: AppState, principal: Principal, body: RunBody) -> RunCre
         scope_tools=list(dict.fromkeys(body.scope.tools)) if body.scope else None,
         scope_outside=body.scope.outside if body.scope else None,
     )
-    async with state.db.transaction() as conn:
+    async with db.transaction() as conn:
         await store.insert(conn, run)
     return {"run_id": run.id, "status": "active", "limits": run.limits, "scope": run.scope}
 
 
-async def narrow(state: AppState, principal: Principal, run_id: str, body: ScopeBody) -> Run:
+async def narrow(
+    db: Database, catalog: Catalog, principal: Principal, run_id: str, body: ScopeBody
+) -> Run:
     """Narrow the run's scope: a subset of its tools (any, when it had no scope), and
     ``approve`` may become ``deny``; anything wider is refused."""
     wanted = body.scope
-    async with state.db.transaction() as conn:
+    async with db.transaction() as conn:
         run = await visible(conn, principal, run_id, lock=True)
         if run.scope_tools is not None:
             wider = sorted(set(wanted.tools) - set(run.scope_tools))
@@ -78,7 +79,7 @@ async def narrow(state: AppState, principal: Principal, run_id: str, body: Scope
                     "a run's scope can only be narrowed: outside: deny stays deny", run_id=run.id
                 )
         await store.set_scope(conn, run.id, list(dict.fromkeys(wanted.tools)), wanted.outside)
-    return await read(state, principal, run_id)
+    return await read(db, catalog, principal, run_id)
 
 
 async def visible(
@@ -195,14 +196,14 @@ def _outlived(run: RunRow) -> bool:
     return datetime.now(UTC) > run.created_at + timedelta(seconds=run.max_seconds)
 
 
-async def _settled(state: AppState, principal: Principal, run_id: str) -> RunRow:
+async def _settled(db: Database, catalog: Catalog, principal: Principal, run_id: str) -> RunRow:
     """The run, ended ``failed`` first if it is spent: a run is read (and finished) as what
     the next call would find, never ``active`` past a limit because nobody called since."""
-    async with state.db.transaction() as conn:
+    async with db.transaction() as conn:
         run = await visible(conn, principal, run_id, lock=True)
         if not _spent(run):
             return run
-        await _fail(conn, state.catalog, run, 0, 0.0)
+        await _fail(conn, catalog, run, 0, 0.0)
         return await visible(conn, principal, run_id)
 
 
@@ -278,13 +279,13 @@ async def recall(
     return provenance.Recall(task, found, forgotten_after)
 
 
-async def read(state: AppState, principal: Principal, run_id: str) -> Run:
-    async with state.db.connection() as conn:
+async def read(db: Database, catalog: Catalog, principal: Principal, run_id: str) -> Run:
+    async with db.connection() as conn:
         run = await visible(conn, principal, run_id)
         waiting = await store.awaiting_approval(conn, run.id)
         calls = await store.calls_of(conn, run.id)
     if _spent(run):
-        run = await _settled(state, principal, run_id)
+        run = await _settled(db, catalog, principal, run_id)
     status = "awaiting_approval" if run.status == "active" and waiting else run.status
     body: Run = {
         "run_id": run.id,
@@ -326,15 +327,17 @@ def _elapsed(run: RunRow) -> float:
     return round((end - run.created_at).total_seconds(), 3)
 
 
-async def finish(state: AppState, principal: Principal, run_id: str, body: FinishBody) -> Run:
-    async with state.db.transaction() as conn:
+async def finish(
+    db: Database, catalog: Catalog, principal: Principal, run_id: str, body: FinishBody
+) -> Run:
+    async with db.transaction() as conn:
         run = await visible(conn, principal, run_id, lock=True)
         ended: str | None = run.status
         if _spent(run):  # ended by its limit first, as the next call would have found it
-            await _fail(conn, state.catalog, run, 0, 0.0)
+            await _fail(conn, catalog, run, 0, 0.0)
             ended = "failed"
-        elif await _end(conn, state.catalog, run, body.status, body.reason):
+        elif await _end(conn, catalog, run, body.status, body.reason):
             ended = None
     if ended is not None:  # raised once the limit's ending is committed
         raise InvalidRequest(f"the run has already ended ({ended})", run_id=run.id)
-    return await read(state, principal, run_id)
+    return await read(db, catalog, principal, run_id)

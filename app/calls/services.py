@@ -1,0 +1,45 @@
+"""What the call use cases use of the app: ``Services``, the part of ``AppState`` that
+deciding, running and showing a call may reach. Not the token verifier (a use case is
+given its principal, verified), the OIDC discovery, the webhook sender or the reload lock.
+Helpers below the use cases take only the one or two of these they use."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from app.calls.waiting import CallWaiters
+from app.catalog.models import Catalog
+from app.db import Database
+from app.locks import Locks
+from app.providers import ProviderClient
+from app.runs.endorsement import TrustedTexts
+from app.settings import Settings
+
+
+class Services(Protocol):
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def catalog(self) -> Catalog:
+        """Replaced whole on reload: a request reads it once and keeps that version."""
+        ...
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def providers(self) -> ProviderClient: ...
+
+    @property
+    def locks(self) -> Locks: ...
+
+    @property
+    def trusted(self) -> TrustedTexts:
+        """The trusted results of the runs this process judged last."""
+        ...
+
+    @property
+    def waiters(self) -> CallWaiters:
+        """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
+        ...
