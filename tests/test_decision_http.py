@@ -245,6 +245,28 @@ async def test_a_read_executes_trimmed_with_identity_headers(
     assert event["provider_ms"] is not None
 
 
+async def test_a_read_the_provider_answered_with_a_5xx_is_a_504_recorded_as_failed(
+    client: httpx.AsyncClient, auth: Auth, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """A 5xx says nothing certain; a read has nothing to reconcile, so it is recorded as
+    failed, with the provider's status, and answered as an unknown outcome."""
+    await providers.fault("/billing/orders/ord_1", "status_500")
+    response = await client.post(
+        "/execute", json={"tool": "get_order", "arguments": {"order_id": "ord_1"}}, headers=auth()
+    )
+    assert response.status_code == 504, response.text
+    problem = response.json()
+    assert (problem["code"], problem["status"]) == ("provider_timeout", "unknown")
+    sent = paths(await providers.requests())
+    assert sent == ["GET /billing/orders/ord_1/owner", "GET /billing/orders/ord_1"]
+    state = await db.fetchval("SELECT state FROM calls WHERE id = $1", problem["call_id"])
+    assert state == "failed"
+    [event] = await audit_events(db)
+    assert event["event"] == "failed"
+    assert event["outcome"] == {"status": "failed", "provider_status": 500}
+    assert event["provider_ms"] is not None
+
+
 async def test_executing_a_proposed_read_reuses_its_call(
     client: httpx.AsyncClient, auth: Auth, db: asyncpg.Connection
 ) -> None:

@@ -251,9 +251,14 @@ async def _read(
         ) from exc
     status = classify(response.status)
     if status == "unknown":  # a read has nothing to reconcile: recorded as failed
-        result = trimmed(tool, response.status, response.body)
         await _record_read(
-            state, authorized, existing, call_id, response.status, result, response.elapsed_ms
+            state,
+            authorized,
+            existing,
+            call_id,
+            provider_status=response.status,
+            result=trimmed(tool, response.status, response.body),
+            provider_ms=response.elapsed_ms,
         )
         raise ProviderTimeout(
             "the provider did not give a usable answer", call_id=call_id, status="unknown"
@@ -272,10 +277,10 @@ async def _read(
         authorized,
         existing,
         call_id,
-        response.status,
-        answer["result"],
-        response.elapsed_ms,
-        status,
+        provider_status=response.status,
+        result=answer["result"],
+        provider_ms=response.elapsed_ms,
+        status=status,
     )
     return answer
 
@@ -313,6 +318,7 @@ async def _record_read(
     authorized: Authorized,
     existing: CallRow | None,
     call_id: str,
+    *,
     provider_status: int | None = None,
     result: Any = None,
     provider_ms: float | None = None,
