@@ -99,7 +99,7 @@ async def propose(state: Services, principal: Principal, body: ProposeBody) -> P
             else:
                 await store.insert_with_audit(conn, row, event)
                 if awaiting is not None:
-                    await _announce_awaiting(conn, state, request.catalog, row)
+                    await _announce_awaiting(conn, state.settings.public_url, request.catalog, row)
         if refusal is not None:
             raise refusal
     telemetry.decided(authorized, call_id)
@@ -239,13 +239,13 @@ async def _read(
             tool.provider, tool.execute, call.arguments, request.principal, call_id
         )
     except NotSent as exc:
-        await _record_read(state, authorized, existing, call_id)
+        await _record_read(state, authorized, existing, call_id, status="failed")
         raise ProviderUnavailable("the provider could not be reached", call_id=call_id) from exc
     except TooLarge as exc:
-        await _record_read(state, authorized, existing, call_id)
+        await _record_read(state, authorized, existing, call_id, status="failed")
         raise ProviderUnavailable(gates.TOO_LARGE, call_id=call_id) from exc
     except Uncertain as exc:
-        await _record_read(state, authorized, existing, call_id)
+        await _record_read(state, authorized, existing, call_id, status="failed")
         raise ProviderTimeout(
             "the provider did not answer in time", call_id=call_id, status="unknown"
         ) from exc
@@ -259,6 +259,7 @@ async def _read(
             provider_status=response.status,
             result=trimmed(tool, response.status, response.body),
             provider_ms=response.elapsed_ms,
+            status="failed",
         )
         raise ProviderTimeout(
             "the provider did not give a usable answer", call_id=call_id, status="unknown"
@@ -319,10 +320,10 @@ async def _record_read(
     existing: CallRow | None,
     call_id: str,
     *,
+    status: Finished,
     provider_status: int | None = None,
     result: Any = None,
     provider_ms: float | None = None,
-    status: Finished = "failed",
 ) -> None:
     """A read's outcome: no execution record, just the call, its audit row and the run
     (``provider_status`` ``None``: the provider gave no answer)."""
@@ -419,7 +420,7 @@ async def dry_run(state: Services, principal: Principal, body: DryRunBody) -> Pr
             pending_until=row.expires_at if next_step == "approval" else None,
         )
         if moved and next_step == "approval" and existing.state != "awaiting_approval":
-            await _announce_awaiting(conn, state, request.catalog, existing)
+            await _announce_awaiting(conn, state.settings.public_url, request.catalog, existing)
         await append(
             conn,
             audit_event(
@@ -445,14 +446,14 @@ async def dry_run(state: Services, principal: Principal, body: DryRunBody) -> Pr
 
 
 async def _announce_awaiting(
-    conn: Connection, state: Services, catalog: Catalog, call: CallRow
+    conn: Connection, public_url: str | None, catalog: Catalog, call: CallRow
 ) -> None:
     """``approval.requested``: enough for a chat message (the call, tool, actor, target,
     impact and a link to the console's page for it), never an argument's value."""
     data = webhooks.call_data(
         call.id, call.tool, call.tenant, call.actor, call.run_id, "awaiting_approval"
     )
-    link = webhooks.console_url(state.settings.public_url, call.id)
+    link = webhooks.console_url(public_url, call.id)
     await webhooks.announce(
         conn,
         catalog,
