@@ -1,6 +1,6 @@
 """Instructions per request, toolgate against the forwarder: a yardstick host noise does not move.
 
-    python bench/instructions.py [--requests 300] [--workloads read,mutation]
+    python bench/instructions.py [--requests 300] [--workloads read,mutation,run read,mcp read]
 
 The same setup as ``run.py`` (a throwaway database, the demo providers, the same workloads,
 everything stopped and dropped afterwards), but each target runs under
@@ -10,6 +10,9 @@ everything stopped and dropped afterwards), but each target runs under
 tree counts within about 1 % from run to run, whatever else the host is doing, which
 seconds on a shared host never do. Only the server process is counted: toolgate's sealer
 runs outside valgrind. Figures only; it asserts nothing.
+
+A front door of ``run.py`` (``run read``, ``mcp read``, ...) is counted for toolgate only,
+beside the REST workload it is compared with there (counted too, if not asked for).
 """
 
 from __future__ import annotations
@@ -24,8 +27,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import orjson
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (
     HOST,
@@ -37,12 +38,15 @@ from _harness import (
     wait_ready,
 )
 from run import (
+    DOORS,
     WORKLOADS,
     add_common_arguments,
     create_database,
     delete_redis_keys,
     drop_database,
+    make_runs,
     migrate_and_start_providers,
+    request_of,
     server_argv,
     throwaway,
     token,
@@ -53,18 +57,27 @@ def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300, help="requests counted")
     parser.add_argument("--warmup", type=int, default=100, help="requests before counting")
-    add_common_arguments(parser)
+    add_common_arguments(parser, (*WORKLOADS, *DOORS))
     return parser.parse_args()
 
 
-def send(connection: http.client.HTTPConnection, bearer: str, workload: str, n: int) -> None:
-    """``n`` requests of ``workload``, each answered 200."""
-    body = orjson.dumps(WORKLOADS[workload])
-    for _ in range(n):
-        headers = {"Authorization": f"Bearer {bearer}", "Content-Type": "application/json"}
+def send(
+    connection: http.client.HTTPConnection,
+    bearer: str,
+    workload: str,
+    n: int,
+    runs: list[str],
+) -> None:
+    """``n`` requests of ``workload``, each answered 200, as ``run.py`` sends them: each a
+    new JSON-RPC id, a REST mutation a new key, a call in a run spread over ``runs``."""
+    path, headers, body = request_of(workload, bearer)
+    for i in range(n):
+        sent = body.replace(b"__N__", secrets.token_hex(6).encode())
+        if runs:
+            sent = sent.replace(b"__RUN__", runs[i % len(runs)].encode())
         if workload == "mutation":
-            headers["Idempotency-Key"] = "instr-" + secrets.token_hex(12)
-        connection.request("POST", "/execute", body, headers)
+            headers = headers | {"Idempotency-Key": "instr-" + secrets.token_hex(12)}
+        connection.request("POST", path, sent, headers)
         response = connection.getresponse()
         answer = response.read()
         if response.status != 200:
@@ -91,14 +104,20 @@ def main() -> int:
     run = throwaway(ns.postgres, ns.redis)
     work = Path(tempfile.mkdtemp(prefix=f"toolgate-instructions-{run.db_name}-"))
     bearer = token(run.secret)
+    workloads: list[str] = []
+    for asked in ns.workloads:  # a door beside the REST workload it is compared with
+        for workload in (DOORS[asked].base, asked) if asked in DOORS else (asked,):
+            if workload not in workloads:
+                workloads.append(workload)
     per_request: dict[tuple[str, str], int] = {}
     with sigterm_as_interrupt():
         create_database(ns.postgres, run.db_name)
         try:
             with Processes(work) as procs:
                 migrate_and_start_providers(procs, run.env, run.provider_port)
-                for workload in ns.workloads:
-                    for target in ("toolgate", "forwarder"):
+                for workload in workloads:
+                    door = DOORS.get(workload)
+                    for target in ("toolgate",) if door else ("toolgate", "forwarder"):
                         port = free_port()
                         out = work / f"{target}-{workload}.callgrind"
                         valgrind = [
@@ -112,29 +131,40 @@ def main() -> int:
                         server = procs.start(f"{target}-{workload}", argv, run.env)
                         wait_ready(server, f"http://{HOST}:{port}/healthz", timeout_s=300)
                         connection = http.client.HTTPConnection(HOST, port, timeout=120)
-                        send(connection, bearer, workload, ns.warmup)
+                        runs = []
+                        if door is not None and door.in_runs:  # a run admits 200 calls
+                            count = (ns.warmup + ns.requests) // 150 + 1
+                            runs = make_runs(f"http://{HOST}:{port}", bearer, count)
+                        send(connection, bearer, workload, ns.warmup, runs)
                         callgrind_control("--instr=on", server.pid)
-                        send(connection, bearer, workload, ns.requests)
+                        send(connection, bearer, workload, ns.requests, runs)
                         callgrind_control("--instr=off", server.pid)
                         callgrind_control("--dump", server.pid)
                         connection.close()
                         procs.stop(server)
                         per_request[target, workload] = counted(out) // ns.requests
-                        print(f"{target:9} {workload:8} {per_request[target, workload]:>11,}")
+                        print(f"{target:9} {workload:12} {per_request[target, workload]:>11,}")
         finally:
             drop_database(ns.postgres, run.db_name)
             delete_redis_keys(ns.redis, run.prefixes)
             shutil.rmtree(work, ignore_errors=True)
-    print("\n| workload | toolgate | forwarder | forwarder / toolgate |\n|---|---:|---:|---:|")
-    for workload in ns.workloads:
-        mine, theirs = per_request["toolgate", workload], per_request["forwarder", workload]
-        print(f"| {workload} | {mine // 1000:,} k | {theirs // 1000:,} k | {theirs / mine:.2f} |")
+    print("\n| workload | toolgate | compared with | its count | it / toolgate |")
+    print("|---|---:|---|---:|---:|")
+    for workload in workloads:
+        door = DOORS.get(workload)
+        other = ("toolgate", door.base) if door else ("forwarder", workload)
+        mine, theirs = per_request["toolgate", workload], per_request[other]
+        print(
+            f"| {workload} | {mine // 1000:,} k | {' '.join(other)} | {theirs // 1000:,} k"
+            f" | {theirs / mine:.2f} |"
+        )
     figures = {
         workload: {
-            "toolgate": per_request["toolgate", workload] // 1000,
-            "forwarder": per_request["forwarder", workload] // 1000,
+            target: count // 1000
+            for (target, done), count in per_request.items()
+            if done == workload
         }
-        for workload in ns.workloads
+        for workload in workloads
     }
     append_ledger(
         ns.ledger,
