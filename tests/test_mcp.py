@@ -277,6 +277,22 @@ async def test_a_resent_json_rpc_request_does_not_act_again(
     assert await effects(providers, TICKETS) == 2
 
 
+async def test_a_mutation_that_never_needs_an_approval_is_decided_once_as_rest_executes_it(
+    servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """No proposal first: one decision, one call row, one audit row, one effect, as a REST
+    ``/execute`` with a key; the resend is answered from the record."""
+    args = {"subject": "Broken", "body": "It broke."}
+    first = await post_call(servers[0], auth, 11, "create_ticket", args)
+    again = await post_call(servers[0], auth, 11, "create_ticket", args)
+    assert (first["isError"], first["structuredContent"]["status"]) == (False, "succeeded")
+    assert again["structuredContent"]["replayed"] is True
+    assert await db.fetchval("SELECT count(*) FROM calls") == 1
+    events = await db.fetch("SELECT event FROM audit_events ORDER BY seq")
+    assert [e["event"] for e in events] == ["executed", "replayed"]
+    assert await effects(providers, TICKETS) == 1
+
+
 @pytest.mark.parametrize("authorization", [None, "Bearer not-a-token", "Basic YWxpY2U6eA=="])
 async def test_a_missing_or_bad_token_is_refused_with_the_resource_metadata(
     servers: list[Instance], authorization: str | None

@@ -1,5 +1,6 @@
 """One MCP ``tools/call``, run through toolgate's own use cases: propose, dry-run when the
-call needs one, ask for an approval when it needs one, execute.
+call needs one, ask for an approval when it needs one, execute. A call of a tool that can
+never need an approval or a preview is one ``/execute``, as REST sends it (``_at_once``).
 
 What "the same request" means. toolgate serves MCP statelessly (any instance may answer any
 request), so there is no transport session to name a request by. The *session* is the
@@ -130,20 +131,23 @@ async def call_tool(state: Services, ask: Ask) -> Outcome:
             if ask.request_state is not None:
                 return await _resume(state, ask)
             tool = state.catalog.tools.get(ask.tool)
-            if tool is not None and not tool.mutation and tool.approval is None:
-                return await _read(state, ask)
+            if tool is not None and tool.approval is None and not tool.mutation:
+                return await _at_once(state, ask, IdempotencyKey(None, False))
             key = request_key(ask.session, ask.request_id, ask.tool, ask.arguments)
+            if tool is not None and tool.approval is None and not tool.require_dry_run:
+                return await _at_once(state, ask, IdempotencyKey(key, True))
             return await _replayed(state, ask, key) or await _first(state, ask, key)
     except ToolgateError as error:
         return Refused(error)
 
 
-async def _read(state: Services, ask: Ask) -> Outcome:
-    """A read that can never need an approval runs as REST's ``/execute`` runs one: one
-    decision, then the provider. Reading again is no harm, so a resend simply reads again."""
+async def _at_once(state: Services, ask: Ask, key: IdempotencyKey) -> Outcome:
+    """A call that can never need a preview or an approval (the catalog gives a tool without
+    an ``approval`` section no way to be high impact) runs as REST's ``/execute`` runs it:
+    one decision, then the provider. Reading again is no harm, so a resent read reads again;
+    a mutation runs under its request's ``key``, so a resend is answered from its record."""
     body = _body(ExecuteBody, tool=ask.tool, arguments=ask.arguments, run_id=ask.run_id)
-    answer = await service.execute(state, ask.principal, body, IdempotencyKey(None, False))
-    return Done(answer.body)
+    return Done((await service.execute(state, ask.principal, body, key)).body)
 
 
 async def _replayed(state: Services, ask: Ask, key: str) -> Outcome | None:
