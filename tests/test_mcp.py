@@ -281,10 +281,12 @@ async def test_a_mutation_that_never_needs_an_approval_is_decided_once_as_rest_e
     servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
 ) -> None:
     """No proposal first: one decision, one call row, one audit row, one effect, as a REST
-    ``/execute`` with a key; the resend is answered from the record."""
+    ``/execute`` with a key; the resend (the same token: the same session) is answered from
+    the record."""
     args = {"subject": "Broken", "body": "It broke."}
-    first = await post_call(servers[0], auth, 11, "create_ticket", args)
-    again = await post_call(servers[0], auth, 11, "create_ticket", args)
+    token = auth()
+    first = await post_call(servers[0], lambda: token, 11, "create_ticket", args)
+    again = await post_call(servers[0], lambda: token, 11, "create_ticket", args)
     assert (first["isError"], first["structuredContent"]["status"]) == (False, "succeeded")
     assert again["structuredContent"]["replayed"] is True
     assert await db.fetchval("SELECT count(*) FROM calls") == 1

@@ -23,7 +23,7 @@ from app.calls.services import Services
 from app.calls.states import STARTED, CallState
 from app.catalog.models import Catalog, Tool
 from app.consent import rules, store
-from app.consent.models import ApprovalRow, Binding
+from app.consent.models import ApprovalRow
 from app.db import Connection, Database
 from app.errors import (
     ApprovalExpired,
@@ -34,6 +34,7 @@ from app.errors import (
     NotFound,
     ToolForbidden,
 )
+from app.evidence import Binding
 from app.ids import new_id
 from app.known import service as known
 from app.providers import ProviderClient
@@ -64,14 +65,14 @@ async def approve(state: Services, principal: Principal, body: ApproveBody) -> A
         decision=body.decision,
         approver=principal.sub,
         comment=body.comment,
-        actor=binding.actor,
-        tenant=binding.tenant,
-        tool=binding.tool,
+        actor=binding["actor"],
+        tenant=binding["tenant"],
+        tool=binding["tool"],
         target_type=call.target_type,
         target_id=call.target_id,
-        policy_version=binding.policy_version,
-        fingerprint=binding.fingerprint,
-        snapshot_hash=binding.snapshot_hash,
+        policy_version=binding["policy_version"],
+        fingerprint=binding["fingerprint"],
+        snapshot_hash=binding["snapshot_hash"],
         expires_at=now + timedelta(seconds=tool.approval.ttl_s),
     )
     needed = rules.quorum(tool)
@@ -186,7 +187,7 @@ def _answer(approval: ApprovalRow) -> ApprovalAnswer:
         "call_id": approval.call_id,
         "decision": approval.decision,
         "expires_at": approval.expires_at.isoformat(),
-        "binding": approval.binding.as_dict(),
+        "binding": approval.binding,
     }
 
 
@@ -223,9 +224,14 @@ def _binding(
             mismatch=mismatch,
             call_id=call.id,
         )
-    target = call.target
     return Binding(
-        call.actor, call.tenant, call.tool, target, policy_version, fingerprint, snapshot_hash
+        actor=call.actor,
+        tenant=call.tenant,
+        tool=call.tool,
+        target=call.target,
+        policy_version=policy_version,
+        fingerprint=fingerprint,
+        snapshot_hash=snapshot_hash,
     )
 
 

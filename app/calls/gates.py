@@ -14,7 +14,7 @@ from app.calls.results import classify
 from app.canonical import digest
 from app.consent import rules
 from app.consent import store as approvals
-from app.consent.models import ApprovalRow, Binding
+from app.consent.models import ApprovalRow
 from app.db import Database
 from app.errors import (
     ApprovalConsumed,
@@ -26,6 +26,7 @@ from app.errors import (
     ProviderTimeout,
     ProviderUnavailable,
 )
+from app.evidence import Binding
 from app.outbound import NotSent, Response, TooLarge, Uncertain
 from app.providers import ProviderClient
 

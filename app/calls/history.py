@@ -183,7 +183,7 @@ async def history(state: Services, principal: Principal, call_id: str) -> CallHi
             "decision": latest.decision,
             "approver": latest.approver,
             "comment": latest.comment,
-            "binding": latest.binding.as_dict(),
+            "binding": latest.binding,
             "created_at": _stored(latest.created_at),
             "expires_at": latest.expires_at.isoformat(),
             "consumed_by": latest.consumed_by,

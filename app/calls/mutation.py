@@ -31,7 +31,7 @@ from app.audit.store import AuditEvent, append
 from app.calls import answers, exactly_once, gates, gating, recording, store
 from app.calls.models import Answer, Authorized, CallRow, ExecutionRow, Request
 from app.calls.policy import PreparedCall
-from app.calls.results import classify, result_body
+from app.calls.results import classify, result_body, trimmed
 from app.calls.services import Services
 from app.calls.states import Finished
 from app.catalog.models import Tool
@@ -130,12 +130,11 @@ class OpenExecution:
         and the record, still open, is left to reconciliation."""
         request, record = self.request, self.record
         answer = result_body(
-            self.call.tool,
             record.call_id,
             record.operation_id,
             status,
             response.status,
-            response.body,
+            trimmed(self.call.tool, response.status, response.body),
             self.endorsement,
         )
         audit = self._event(

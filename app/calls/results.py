@@ -111,22 +111,22 @@ def trimmed(tool: Tool, provider_status: int, provider_body: Any) -> Any:
 
 
 def result_body(
-    tool: Tool,
     call_id: str,
     operation_id: str | None,
     status: Finished,
     provider_status: int,
-    provider_body: Any,
+    result: Any,
     endorsement: list[EndorsementItem] | None = None,
 ) -> Execution:
-    """An execution's answer; ``endorsement`` (for a tool with ``x-endorsed`` arguments):
-    what endorsed them, as the decision found it."""
+    """An execution's answer, with the provider's answer as ``trimmed`` leaves it;
+    ``endorsement`` (for a tool with ``x-endorsed`` arguments): what endorsed them, as the
+    decision found it."""
     body: Execution = {
         "call_id": call_id,
         "operation_id": operation_id,
         "status": status,
         "provider_status": provider_status,
-        "result": trimmed(tool, provider_status, provider_body),
+        "result": result,
         "trust": "untrusted",
         "replayed": False,
     }

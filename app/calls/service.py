@@ -250,40 +250,23 @@ async def _read(
             "the provider did not answer in time", call_id=call_id, status="unknown"
         ) from exc
     status = classify(response.status)
-    if status == "unknown":  # a read has nothing to reconcile: recorded as failed
-        await _record_read(
-            state,
-            authorized,
-            existing,
-            call_id,
-            provider_status=response.status,
-            result=trimmed(tool, response.status, response.body),
-            provider_ms=response.elapsed_ms,
-            status="failed",
-        )
-        raise ProviderTimeout(
-            "the provider did not give a usable answer", call_id=call_id, status="unknown"
-        )
-    answer = result_body(
-        tool,
-        call_id,
-        None,
-        status,
-        response.status,
-        response.body,
-        endorsement_list(authorized.decision, None),
-    )
+    result = trimmed(tool, response.status, response.body)
     await _record_read(
         state,
         authorized,
         existing,
         call_id,
+        status="failed" if status == "unknown" else status,  # a read has nothing to reconcile
         provider_status=response.status,
-        result=answer["result"],
+        result=result,
         provider_ms=response.elapsed_ms,
-        status=status,
     )
-    return answer
+    if status == "unknown":
+        raise ProviderTimeout(
+            "the provider did not give a usable answer", call_id=call_id, status="unknown"
+        )
+    endorsed = endorsement_list(authorized.decision, None)
+    return result_body(call_id, None, status, response.status, result, endorsed)
 
 
 async def _use_read_approval(

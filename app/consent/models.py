@@ -7,56 +7,27 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
-from app import evidence
 from app.catalog.models import Impact
-from app.evidence import EndorsementItem, Taint, Target
+from app.evidence import Binding, EndorsementItem, Taint, Target
 
-BINDING_FIELDS = (
-    "actor",
-    "tenant",
-    "tool",
-    "target",
-    "policy_version",
-    "arguments",
-    "snapshot_hash",
+BindingPart = Literal[
+    "actor", "tenant", "tool", "target", "policy_version", "fingerprint", "snapshot_hash"
+]
+BINDING_PARTS: tuple[tuple[str, BindingPart], ...] = (
+    ("actor", "actor"),
+    ("tenant", "tenant"),
+    ("tool", "tool"),
+    ("target", "target"),
+    ("policy_version", "policy_version"),
+    ("arguments", "fingerprint"),
+    ("snapshot_hash", "snapshot_hash"),
 )
+"""What an approval binds, by the name the API gives each part in ``mismatch``."""
 
 
-@dataclass(frozen=True)
-class Binding:
-    """What an approval covers; change any part and it no longer applies."""
-
-    actor: str
-    tenant: str
-    tool: str
-    target: Target | None
-    policy_version: str
-    fingerprint: str
-    snapshot_hash: str | None
-
-    def differences(self, other: Binding) -> list[str]:
-        """The API's names of the parts that differ (``arguments`` for the fingerprint)."""
-        pairs = {
-            "actor": (self.actor, other.actor),
-            "tenant": (self.tenant, other.tenant),
-            "tool": (self.tool, other.tool),
-            "target": (self.target, other.target),
-            "policy_version": (self.policy_version, other.policy_version),
-            "arguments": (self.fingerprint, other.fingerprint),
-            "snapshot_hash": (self.snapshot_hash, other.snapshot_hash),
-        }
-        return [name for name in BINDING_FIELDS if pairs[name][0] != pairs[name][1]]
-
-    def as_dict(self) -> evidence.Binding:
-        return {
-            "actor": self.actor,
-            "tenant": self.tenant,
-            "tool": self.tool,
-            "target": self.target,
-            "policy_version": self.policy_version,
-            "fingerprint": self.fingerprint,
-            "snapshot_hash": self.snapshot_hash,
-        }
+def differences(bound: Binding, other: Binding) -> list[str]:
+    """The API's names of the parts of two bindings that differ."""
+    return [name for name, part in BINDING_PARTS if bound[part] != other[part]]
 
 
 class ApprovalRow(NamedTuple):
@@ -87,13 +58,13 @@ class ApprovalRow(NamedTuple):
             else None
         )
         return Binding(
-            self.actor,
-            self.tenant,
-            self.tool,
-            target,
-            self.policy_version,
-            self.fingerprint,
-            self.snapshot_hash,
+            actor=self.actor,
+            tenant=self.tenant,
+            tool=self.tool,
+            target=target,
+            policy_version=self.policy_version,
+            fingerprint=self.fingerprint,
+            snapshot_hash=self.snapshot_hash,
         )
 
 

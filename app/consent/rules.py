@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from app.auth.principal import Principal
 from app.catalog.models import ACTOR, Tool
-from app.consent.models import ApprovalRow, Binding
+from app.consent.models import ApprovalRow, differences
 from app.errors import (
     ApprovalConsumed,
     ApprovalExpired,
@@ -20,6 +20,7 @@ from app.errors import (
     ApprovalRejected,
     ApprovalRequired,
 )
+from app.evidence import Binding
 
 
 def may_approve(approver: Principal, actor: str, tenant: str, approvers: list[str]) -> bool:
@@ -77,9 +78,7 @@ def repeated(
             "this call has already been executed; it cannot be decided again", call_id=new.call_id
         )
     standing = [
-        a
-        for a in standing
-        if a.decision == "reject" or a.snapshot_hash == new.binding.snapshot_hash
+        a for a in standing if a.decision == "reject" or a.snapshot_hash == new.snapshot_hash
     ]
     decided = [a for a in standing if a.decision == "reject" or a.approver == new.approver]
     prior = decided[0] if decided else None
@@ -168,7 +167,7 @@ def usable(approval: ApprovalRow | None, presented: Presented, now: datetime) ->
         raise ApprovalRejected("the approver rejected this call")
     if approval.expires_at <= now:
         raise ApprovalExpired("the approval has expired")
-    mismatch = approval.binding.differences(presented.current)
+    mismatch = differences(approval.binding, presented.current)
     if presented.older_preview and "snapshot_hash" not in mismatch:
         mismatch.append("snapshot_hash")
     if mismatch:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Literal, NamedTuple, NotRequired
 
@@ -112,19 +111,6 @@ class RunRow(NamedTuple):
         if self.scope_tools is None:
             return None
         return {"tools": self.scope_tools, "outside": self.scope_outside or "deny"}
-
-
-@dataclass(frozen=True)
-class RunCallRow:
-    """One call made in a run, as stored (answered as a ``RunCall``)."""
-
-    call_id: str
-    tool: str
-    decision: str
-    code: str | None
-    state: str
-    impact: str | None
-    created_at: datetime
 
 
 # --- answers, as the OpenAPI document describes them (``app.calls.answers``) ----------------

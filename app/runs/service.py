@@ -299,18 +299,7 @@ async def read(db: Database, catalog: Catalog, principal: Principal, run_id: str
             "failures": run.failures,
             "seconds": _elapsed(run),
         },
-        "calls": [
-            {
-                "call_id": call.call_id,
-                "tool": call.tool,
-                "decision": call.decision,
-                "code": call.code,
-                "state": call.state,
-                "impact": call.impact,
-                "created_at": call.created_at.isoformat(),
-            }
-            for call in calls
-        ],
+        "calls": calls,
         "created_at": run.created_at.isoformat() if run.created_at else None,
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
     }

@@ -8,7 +8,7 @@ from functools import cache
 from typing import NamedTuple
 
 from app.db import Connection, Insert, Writer, write_one
-from app.runs.models import RunCallRow, RunRow
+from app.runs.models import RunCall, RunRow
 
 _INSERT = Insert.of(
     "runs", RunRow._fields, ["calls", "cost", "failures", "created_at", "updated_at", "finished_at"]
@@ -135,7 +135,8 @@ async def awaiting_approval(conn: Connection, run_id: str) -> bool:
     )
 
 
-async def calls_of(conn: Connection, run_id: str) -> list[RunCallRow]:
+async def calls_of(conn: Connection, run_id: str) -> list[RunCall]:
+    """The run's calls, oldest first, as ``GET /runs/{id}`` lists them."""
     rows = await conn.fetch(
         """
         SELECT id AS call_id, tool, decision, code, state, impact, created_at FROM calls
@@ -143,7 +144,18 @@ async def calls_of(conn: Connection, run_id: str) -> list[RunCallRow]:
         """,
         run_id,
     )
-    return [RunCallRow(*r) for r in rows]
+    return [
+        {
+            "call_id": r["call_id"],
+            "tool": r["tool"],
+            "decision": r["decision"],
+            "code": r["code"],
+            "state": r["state"],
+            "impact": r["impact"],
+            "created_at": r["created_at"].isoformat(),
+        }
+        for r in rows
+    ]
 
 
 # Provenance: the windows a run remembers (``app.runs.provenance``).
