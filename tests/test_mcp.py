@@ -281,8 +281,9 @@ async def test_a_mutation_that_never_needs_an_approval_is_decided_once_as_rest_e
     servers: list[Instance], auth: Auth, providers: Providers, db: asyncpg.Connection
 ) -> None:
     """No proposal first: one decision, one call row, one audit row, one effect, as a REST
-    ``/execute`` with a key; the resend (the same token: the same session) is answered from
-    the record."""
+    ``/execute`` with a key. The resend (the same token: the same session) is answered from
+    the record, also when it names a run (as a key used again in a run is over REST):
+    nothing acts again."""
     args = {"subject": "Broken", "body": "It broke."}
     token = auth()
     first = await post_call(servers[0], lambda: token, 11, "create_ticket", args)
@@ -292,6 +293,14 @@ async def test_a_mutation_that_never_needs_an_approval_is_decided_once_as_rest_e
     assert await db.fetchval("SELECT count(*) FROM calls") == 1
     events = await db.fetch("SELECT event FROM audit_events ORDER BY seq")
     assert [e["event"] for e in events] == ["executed", "replayed"]
+    async with httpx.AsyncClient(base_url=servers[1].url) as rest:
+        run_id = (await Flow(rest, auth).post("/runs", {})).json()["run_id"]
+    in_run = await post_call(
+        servers[1], lambda: token, 11, "create_ticket", args, meta={"run_id": run_id}
+    )
+    assert in_run["structuredContent"]["replayed"] is True
+    assert in_run["structuredContent"]["call_id"] == first["structuredContent"]["call_id"]
+    assert await db.fetchval("SELECT count(*) FROM calls") == 1
     assert await effects(providers, TICKETS) == 1
 
 
