@@ -17,29 +17,13 @@ from app.settings import Settings
 
 
 class Services(Protocol):
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def catalog(self) -> Catalog:
-        """Replaced whole on reload: a request reads it once and keeps that version."""
-        ...
-
-    @property
-    def db(self) -> Database: ...
-
-    @property
-    def providers(self) -> ProviderClient: ...
-
-    @property
-    def locks(self) -> Locks: ...
-
-    @property
-    def trusted(self) -> TrustedTexts:
-        """The trusted results of the runs this process judged last."""
-        ...
-
-    @property
-    def waiters(self) -> CallWaiters:
-        """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
-        ...
+    settings: Settings
+    catalog: Catalog
+    """Replaced whole on reload: a request reads it once and keeps that version."""
+    db: Database
+    providers: ProviderClient
+    locks: Locks
+    trusted: TrustedTexts
+    """The trusted results of the runs this process judged last."""
+    waiters: CallWaiters
+    """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""
