@@ -17,6 +17,12 @@ class Target(TypedDict):
     id: str
 
 
+def target(kind: str | None, id_: str | None) -> Target | None:
+    """The target a row keeps as two columns (``target_type``, ``target_id``); ``None``
+    unless both are set."""
+    return {"type": kind, "id": id_} if kind is not None and id_ is not None else None
+
+
 class AuthorizedBy(TypedDict):
     """Who let the call go this far: the policy (for the actor), or an approval."""
 

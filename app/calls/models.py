@@ -11,6 +11,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import ConfigDict, Field, model_validator
 
+from app import evidence
 from app.auth.principal import Principal
 from app.bodies import Body, Id, JsonObject
 from app.calls.answers import Execution
@@ -202,9 +203,7 @@ class CallRow(NamedTuple):
 
     @property
     def target(self) -> Target | None:
-        if self.target_type is None or self.target_id is None:
-            return None
-        return {"type": self.target_type, "id": self.target_id}
+        return evidence.target(self.target_type, self.target_id)
 
     def pending(self, now: datetime) -> bool:
         """Whether the call awaits a decision at ``now``: it is in the approvers' inbox."""

@@ -17,13 +17,12 @@ from app.settings import Settings
 
 
 class Services(Protocol):
+    """Each part as ``AppState`` documents it."""
+
     settings: Settings
     catalog: Catalog
-    """Replaced whole on reload: a request reads it once and keeps that version."""
     db: Database
     providers: ProviderClient
     locks: Locks
     trusted: TrustedTexts
-    """The trusted results of the runs this process judged last."""
     waiters: CallWaiters
-    """This process's waiters on calls (``GET /calls/{id}?wait=S``)."""

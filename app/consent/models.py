@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
+from app import evidence
 from app.catalog.models import Impact
 from app.evidence import Binding, EndorsementItem, Taint, Target
 
@@ -52,16 +53,11 @@ class ApprovalRow(NamedTuple):
 
     @property
     def binding(self) -> Binding:
-        target: Target | None = (
-            {"type": self.target_type, "id": self.target_id}
-            if self.target_type is not None and self.target_id is not None
-            else None
-        )
         return Binding(
             actor=self.actor,
             tenant=self.tenant,
             tool=self.tool,
-            target=target,
+            target=evidence.target(self.target_type, self.target_id),
             policy_version=self.policy_version,
             fingerprint=self.fingerprint,
             snapshot_hash=self.snapshot_hash,
@@ -93,6 +89,4 @@ class InboxRow:
 
     @property
     def target(self) -> Target | None:
-        if self.target_type is None or self.target_id is None:
-            return None
-        return {"type": self.target_type, "id": self.target_id}
+        return evidence.target(self.target_type, self.target_id)
