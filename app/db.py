@@ -12,7 +12,9 @@ import contextlib
 import hashlib
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from enum import IntEnum, unique
@@ -113,49 +115,182 @@ def _number(text: str) -> float | str:
     return value if math.isfinite(value) else text
 
 
-async def _init(conn: Connection) -> None:
-    await conn.set_type_codec(
-        "jsonb", encoder=_encode_json, decoder=_decode_json, schema="pg_catalog"
-    )
-
-
-async def _keep(conn: Connection) -> None:
-    """Pool release without asyncpg's reset queries (a round trip per release): toolgate
-    keeps no session state on pooled connections, and asyncpg still rolls back a transaction
-    left open. Session advisory locks are the one exception: they are taken and released
-    by ``Database.exclusively`` and ``Database.sharing`` only, which close a connection
-    that may still hold one."""
-
-
 SESSION = {"jit": "off"}
 """Settings of every pooled session. No JIT: toolgate's statements each read a page or a
 batch, but on large tables the planner's cost estimates can cross JIT's threshold, and
 compiling then takes a second where the query itself takes milliseconds."""
+CLOSE_S = 5.0
+"""How long closing a pooled connection may take (its interrupted statement cancelled, then
+its session ended) before it is cut."""
+IDLE_S = 300.0
+"""A pooled connection unused for this long is closed as the next one is given back (while
+more than the pool's ``min_size`` are open)."""
+
+
+class Pool:
+    """The process's connections to PostgreSQL: at most ``max_size`` open (``min_size``
+    opened up front, so an unreachable database fails the start), idle ones handed out last
+    in, first out, and a request that finds none idle and no room for another waits for
+    one, first come, first served.
+
+    Not asyncpg's pool, for speed: taking a connection and giving it back costs about 110 k
+    instructions there (the release runs in a shielded task of its own, resets the
+    connection and re-arms a timer) and about 9 k here, where a read takes one and a read
+    in a run three (``bench/README.md``). Giving one back never awaits, so nothing can
+    interrupt it: a connection that may be mid-statement or mid-transaction (its block was
+    cancelled or failed on the connection, it is in a transaction, or it is closed) is
+    closed, which rolls back what it had open and releases its session locks, and its place
+    is free for a new one. Every other is idle again as it is: toolgate keeps no session
+    state on pooled connections (session advisory locks are released by the one block that
+    takes them, ``_session_lock``, which closes a connection that may still hold one)."""
+
+    __slots__ = (
+        "_closed",
+        "_closing",
+        "_connect",
+        "_idle",
+        "_max_size",
+        "_min_size",
+        "_open",
+        "_waiting",
+    )
+
+    def __init__(
+        self, connect: Callable[[], Awaitable[Connection]], min_size: int, max_size: int
+    ) -> None:
+        self._connect, self._min_size, self._max_size = connect, min_size, max_size
+        self._idle: list[tuple[float, Connection]] = []
+        """Idle connections with the time each was given back, the latest last."""
+        self._open = 0
+        """Connections open or being opened, idle or not."""
+        self._waiting: deque[asyncio.Future[Connection | None]] = deque()
+        """Requests waiting for a connection (``None``: for room to open one)."""
+        self._closing: set[asyncio.Task[None]] = set()
+        """Connections being closed: each holds its place until it is."""
+        self._closed = False
+
+    async def open(self) -> None:
+        try:
+            for _ in range(self._min_size):
+                self._pass_on(await self._opened())
+        except BaseException:
+            await self.close()
+            raise
+
+    async def acquire(self) -> Connection:
+        while not self._closed:
+            if self._idle:
+                conn = self._idle.pop()[1]
+                if not conn.is_closed():
+                    return conn
+                self._drop(conn)  # the server ended it (a restart, say): open another
+                continue
+            if self._open < self._max_size:
+                return await self._opened()
+            waiter: asyncio.Future[Connection | None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            try:
+                handed = await waiter
+            except BaseException:  # cancelled, maybe after it was handed a connection
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._pass_on(waiter.result())
+                raise
+            if handed is not None:
+                return handed
+        raise Unavailable("database unavailable: the pool is closed")
+
+    def release(self, conn: Connection, *, reusable: bool) -> None:
+        """Give ``conn`` back: idle again if ``reusable`` and neither closed nor in a
+        transaction; closed otherwise."""
+        if reusable and not self._closed and not conn.is_closed() and not conn.is_in_transaction():
+            self._pass_on(conn)
+            return
+        self._drop(conn)
+
+    async def close(self) -> None:
+        """Close the idle connections; those in use are closed as they are given back, and
+        whoever waits for one is answered ``Unavailable``."""
+        self._closed = True
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(Unavailable("database unavailable: the pool is closed"))
+        idle, self._idle = self._idle, []
+        for _, conn in idle:
+            self._drop(conn)
+        await asyncio.gather(*self._closing)
+
+    async def _opened(self) -> Connection:
+        self._open += 1
+        try:
+            return await self._connect()
+        except BaseException:
+            self._open -= 1
+            self._pass_on(None)
+            raise
+
+    def _pass_on(self, conn: Connection | None) -> None:
+        """Hand ``conn`` (or, ``None``, room to open one) to the first request still
+        waiting; else keep it idle, closing the one idle longest if it has been for
+        ``IDLE_S``."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        if conn is None:
+            return
+        now = time.monotonic()
+        self._idle.append((now, conn))
+        since, oldest = self._idle[0]
+        if now - since > IDLE_S and self._open > self._min_size:
+            del self._idle[0]
+            self._drop(oldest)
+
+    def _drop(self, conn: Connection) -> None:
+        """Close ``conn`` (in the background, its statement cancelled first if one was
+        interrupted: asyncpg sent the cancel request) and free its place once it is."""
+        if conn.is_closed():
+            self._closed_one()
+            return
+        closing = asyncio.get_running_loop().create_task(_close(conn))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closed_one)
+
+    def _closed_one(self, closing: asyncio.Task[None] | None = None) -> None:
+        if closing is not None:
+            self._closing.discard(closing)
+        self._open -= 1
+        self._pass_on(None)
+
+
+async def _close(conn: Connection) -> None:
+    with contextlib.suppress(Exception):  # it is aborted then
+        await conn.close(timeout=CLOSE_S)
 
 
 class Pooled:
     """``async with``: a connection of the pool, given back at the end of the block;
-    connection trouble, on taking it, in the block or on giving it back, becomes
-    ``Unavailable``. A class rather than ``asynccontextmanager``: every request takes one,
-    and this way it runs about half the Python on top of the pool's own."""
+    connection trouble, on taking it or in the block, becomes ``Unavailable``. A block that
+    ends by an interruption (cancelled, timed out) or connection trouble gives its
+    connection back to be closed: a statement may still be running on it. A class rather
+    than ``asynccontextmanager``: every request takes one, and this way it runs about half
+    the Python."""
 
-    __slots__ = ("_acquiring",)
+    __slots__ = ("_conn", "_pool")
 
-    def __init__(self, acquiring: Any) -> None:
-        self._acquiring = acquiring
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
 
     async def __aenter__(self) -> Connection:
-        try:
-            conn: Connection = await self._acquiring.__aenter__()
-        except _UNAVAILABLE as exc:
-            raise Unavailable("database unavailable") from exc
-        return conn
+        self._conn = await self._pool.acquire()
+        return self._conn
 
     async def __aexit__(self, kind: type[BaseException] | None, error: Any, tb: Any) -> None:
-        try:
-            await self._acquiring.__aexit__(kind, error, tb)
-        except _UNAVAILABLE as exc:
-            raise Unavailable("database unavailable") from exc
+        reusable = kind is None or (
+            issubclass(kind, Exception) and not issubclass(kind, _UNAVAILABLE)
+        )
+        self._pool.release(self._conn, reusable=reusable)
         if isinstance(error, _UNAVAILABLE):
             raise Unavailable("database unavailable") from error
 
@@ -281,22 +416,31 @@ def _fail(group: list[Queued], cause: BaseException | None) -> None:
 class Database:
     def __init__(self, url: str) -> None:
         self._url = url
-        self._pool: asyncpg.Pool | None = None
+        self._pool: Pool | None = None
         self._groups: dict[str, GroupCommit] = {}
 
     async def open(self, min_size: int = 2, max_size: int = 20) -> None:
+        pool = Pool(self._connected, min_size, max_size)
+        await pool.open()
+        self._pool = pool
+
+    async def _connected(self) -> Connection:
+        """A new pooled connection: JSON columns read and written by orjson, ``SESSION``'s
+        settings, and a statement that takes more than 10 s failed (``Unavailable``)."""
         try:
-            self._pool = await asyncpg.create_pool(
-                self._url,
-                min_size=min_size,
-                max_size=max_size,
-                init=_init,
-                reset=_keep,
-                command_timeout=10,
-                server_settings=SESSION,
-            )
+            conn = await asyncpg.connect(self._url, command_timeout=10, server_settings=SESSION)
         except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise Unavailable(f"database unreachable: {exc}") from exc
+        try:
+            await conn.set_type_codec(
+                "jsonb", encoder=_encode_json, decoder=_decode_json, schema="pg_catalog"
+            )
+        except BaseException as exc:
+            conn.terminate()
+            if isinstance(exc, (*_UNAVAILABLE, asyncpg.PostgresError)):
+                raise Unavailable(f"database unreachable: {exc}") from exc
+            raise
+        return conn
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -305,16 +449,10 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
         """A connection inside one transaction; connection trouble becomes ``Unavailable``.
-        A transaction whose ROLLBACK was itself interrupted (cancelled again while it ran) is
-        still open: that connection is closed, which rolls it back, rather than given back."""
-        async with self.connection() as conn:
-            try:
-                async with conn.transaction():
-                    yield conn
-            except BaseException:
-                if conn.is_in_transaction():
-                    conn.terminate()
-                raise
+        A transaction left open (its ROLLBACK interrupted) is closed with its connection
+        (``Pool``), which rolls it back."""
+        async with self.connection() as conn, conn.transaction():
+            yield conn
 
     async def group_commit(self, sql: str, *args: Any, order: str = "") -> Any:
         """The first value of the one row ``sql`` returns, in a transaction of its own that
@@ -329,7 +467,7 @@ class Database:
     def connection(self) -> Pooled:
         """A connection for reads outside an explicit transaction."""
         assert self._pool is not None, "Database.open() was not awaited"
-        return Pooled(self._pool.acquire())
+        return Pooled(self._pool)
 
     @asynccontextmanager
     async def exclusively(self, key: int) -> AsyncIterator[bool]:
@@ -465,7 +603,7 @@ async def _connect(url: str) -> Connection:
 @asynccontextmanager
 async def _session_lock(conn: Connection, key: int, *, shared: bool) -> AsyncIterator[bool]:
     """``key`` on ``conn``'s session for the block: waited for shared, or tried exclusively
-    (held or not). Pooled connections are not reset (``_keep``), so it is released before
+    (held or not). Pooled connections are not reset (``Pool``), so it is released before
     ``conn`` goes back; a connection that may still hold it is closed, which releases it."""
     try:
         if shared:
