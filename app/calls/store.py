@@ -12,11 +12,14 @@ from app.audit.store import AuditEvent, append_after
 from app.calls import answers
 from app.calls.models import CallRow, DryRunRow, ExecutionRow, ExecutionSummary
 from app.calls.states import FINAL, CallState, ExecutionState
-from app.db import Connection, Insert, Writer, write_one
+from app.db import Connection, Insert, Writer, columns, write_one
 from app.runs import store as runs
 
 _GENERATED = ("created_at", "updated_at")
 _CALL = Insert.of("calls", CallRow._fields, _GENERATED)
+_CALL_COLUMNS = columns(CallRow)
+_DRY_RUN_COLUMNS = columns(DryRunRow)
+_EXECUTION_COLUMNS = columns(ExecutionRow)
 _DRY_RUN = Insert.of("dry_runs", DryRunRow._fields, _GENERATED)
 _EXECUTION = Insert.of("executions", ExecutionRow._fields, _GENERATED)
 _CLAIM_NEW = _EXECUTION.sql + " ON CONFLICT (tenant, actor, idempotency_key) DO NOTHING"
@@ -27,8 +30,8 @@ async def insert(conn: Connection, call: CallRow) -> None:
 
 
 async def get(conn: Connection, call_id: str) -> CallRow | None:
-    row = await conn.fetchrow("SELECT * FROM calls WHERE id = $1", call_id)
-    return CallRow(**dict(row)) if row else None
+    row = await conn.fetchrow(f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = $1", call_id)
+    return CallRow(*row) if row else None
 
 
 async def insert_with_audit(
@@ -108,9 +111,11 @@ async def insert_dry_run(conn: Connection, dry_run: DryRunRow) -> None:
 
 async def latest_dry_run(conn: Connection, call_id: str) -> DryRunRow | None:
     row = await conn.fetchrow(
-        "SELECT * FROM dry_runs WHERE call_id = $1 ORDER BY created_at DESC, id LIMIT 1", call_id
+        f"SELECT {_DRY_RUN_COLUMNS} FROM dry_runs WHERE call_id = $1"
+        " ORDER BY created_at DESC, id LIMIT 1",
+        call_id,
     )
-    return DryRunRow(**dict(row)) if row else None
+    return DryRunRow(*row) if row else None
 
 
 async def dry_run_for(
@@ -118,8 +123,8 @@ async def dry_run_for(
 ) -> DryRunRow | None:
     """The named dry-run, or the latest one, of this actor's call with this fingerprint."""
     row = await conn.fetchrow(
-        """
-        SELECT * FROM dry_runs
+        f"""
+        SELECT {_DRY_RUN_COLUMNS} FROM dry_runs
         WHERE tenant = $1 AND actor = $2 AND fingerprint = $3 AND ($4::text IS NULL OR id = $4)
         ORDER BY created_at DESC, id LIMIT 1
         """,
@@ -128,14 +133,14 @@ async def dry_run_for(
         fingerprint,
         dry_run_id,
     )
-    return DryRunRow(**dict(row)) if row else None
+    return DryRunRow(*row) if row else None
 
 
 async def get_execution(conn: Connection, tenant: str, actor: str, key: str) -> ExecutionRow | None:
     """The live record for this key; finished records past their retention do not count."""
     row = await conn.fetchrow(
-        """
-        SELECT * FROM executions
+        f"""
+        SELECT {_EXECUTION_COLUMNS} FROM executions
         WHERE tenant = $1 AND actor = $2 AND idempotency_key = $3
           AND NOT (state IN ('succeeded', 'failed') AND expires_at <= now())
         """,
@@ -143,7 +148,7 @@ async def get_execution(conn: Connection, tenant: str, actor: str, key: str) -> 
         actor,
         key,
     )
-    return ExecutionRow(**dict(row)) if row else None
+    return ExecutionRow(*row) if row else None
 
 
 _CALL_PARAMS = range(len(_EXECUTION.columns) + 1, len(_EXECUTION.columns) + len(_CALL.columns) + 1)
@@ -226,15 +231,15 @@ async def release(conn: Connection, operation_id: str) -> bool:
 async def stale_executions(conn: Connection, older_than_s: float, limit: int) -> list[ExecutionRow]:
     """Open records (in flight or unknown) unchanged for ``older_than_s``, oldest first."""
     rows = await conn.fetch(
-        """
-        SELECT * FROM executions
+        f"""
+        SELECT {_EXECUTION_COLUMNS} FROM executions
         WHERE state IN ('in_flight', 'unknown') AND updated_at < now() - make_interval(secs => $1)
         ORDER BY updated_at LIMIT $2
         """,
         older_than_s,
         limit,
     )
-    return [ExecutionRow(**dict(r)) for r in rows]
+    return [ExecutionRow(*r) for r in rows]
 
 
 async def postpone(conn: Connection, operation_id: str) -> None:
@@ -369,8 +374,8 @@ async def standing(
     A later identical request continues it instead of asking for another approval; one in
     another run is another call, counted against its own run."""
     row = await conn.fetchrow(
-        """
-        SELECT * FROM calls
+        f"""
+        SELECT {_CALL_COLUMNS} FROM calls
         WHERE tenant = $1 AND actor = $2 AND fingerprint = $4 AND tool = $3
           AND run_id IS NOT DISTINCT FROM $5
           AND state IN ('awaiting_approval', 'approved')
@@ -384,4 +389,4 @@ async def standing(
         run_id,
         within_s,
     )
-    return CallRow(**dict(row)) if row else None
+    return CallRow(*row) if row else None

@@ -6,9 +6,10 @@ from datetime import datetime
 
 from app.consent.models import ApprovalRow, InboxRow
 from app.consent.rules import Decidable
-from app.db import Connection, Insert
+from app.db import Connection, Insert, columns
 
 _INSERT = Insert.of("approvals", ApprovalRow._fields, ["created_at"])
+_COLUMNS = columns(ApprovalRow)
 
 
 async def insert(conn: Connection, approval: ApprovalRow) -> None:
@@ -21,8 +22,8 @@ async def insert(conn: Connection, approval: ApprovalRow) -> None:
 
 
 async def get(conn: Connection, approval_id: str) -> ApprovalRow | None:
-    row = await conn.fetchrow("SELECT * FROM approvals WHERE id = $1", approval_id)
-    return ApprovalRow(**dict(row)) if row else None
+    row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM approvals WHERE id = $1", approval_id)
+    return ApprovalRow(*row) if row else None
 
 
 async def standing(conn: Connection, call_id: str) -> list[ApprovalRow]:
@@ -30,15 +31,15 @@ async def standing(conn: Connection, call_id: str) -> list[ApprovalRow]:
     approvals an execution consumed, and its live approval. Liveness is judged by the
     database's clock, as consumption is. Read under the call's lock (``calls.store.lock``)."""
     rows = await conn.fetch(
-        """
-        SELECT * FROM approvals
+        f"""
+        SELECT {_COLUMNS} FROM approvals
         WHERE call_id = $1
           AND (decision = 'reject' OR consumed_by IS NOT NULL OR expires_at > now())
         ORDER BY decision = 'reject' DESC, created_at, id
         """,
         call_id,
     )
-    return [ApprovalRow(**dict(r)) for r in rows]
+    return [ApprovalRow(*r) for r in rows]
 
 
 async def consume(conn: Connection, approval_id: str, operation_id: str, quorum: int) -> bool:
@@ -212,6 +213,6 @@ async def inbox(
 
 async def of_call(conn: Connection, call_id: str) -> list[ApprovalRow]:
     rows = await conn.fetch(
-        "SELECT * FROM approvals WHERE call_id = $1 ORDER BY created_at, id", call_id
+        f"SELECT {_COLUMNS} FROM approvals WHERE call_id = $1 ORDER BY created_at, id", call_id
     )
-    return [ApprovalRow(**dict(r)) for r in rows]
+    return [ApprovalRow(*r) for r in rows]

@@ -7,9 +7,10 @@ from datetime import datetime
 from functools import cache
 from typing import NamedTuple
 
-from app.db import Connection, Insert, Writer, write_one
+from app.db import Connection, Insert, Writer, columns, write_one
 from app.runs.models import RunCall, RunRow
 
+_COLUMNS = columns(RunRow)
 _INSERT = Insert.of(
     "runs", RunRow._fields, ["calls", "cost", "failures", "created_at", "updated_at", "finished_at"]
 )
@@ -22,9 +23,9 @@ async def insert(conn: Connection, run: RunRow) -> None:
 async def get(conn: Connection, run_id: str, *, lock: bool = False) -> RunRow | None:
     """The run; with ``lock``, its row locked until the transaction ends, so that what is
     read (status, counters) is what a later change in the same transaction acts on."""
-    sql = "SELECT * FROM runs WHERE id = $1" + (" FOR UPDATE" if lock else "")
+    sql = f"SELECT {_COLUMNS} FROM runs WHERE id = $1" + (" FOR UPDATE" if lock else "")
     row = await conn.fetchrow(sql, run_id)
-    return RunRow(**dict(row)) if row else None
+    return RunRow(*row) if row else None
 
 
 _ADMIT = """

@@ -83,7 +83,7 @@ async def claim(
         lease_s,
         list(busy),
     )
-    return [Delivery(**dict(row)) for row in rows]
+    return [Delivery(*row) for row in rows]
 
 
 async def delivered(conn: Connection, delivery_id: str) -> None:
