@@ -125,6 +125,16 @@ def test_only_letters_and_digits_survive_normalization_whatever_the_code_point()
     assert {c for c in kept if unicodedata.category(c) == "Nd"} == set("0123456789")
 
 
+def test_ascii_text_normalizes_as_the_general_rules_do_every_character() -> None:
+    """ASCII takes a shortcut (one ``bytes.translate``); each of its characters, alone and
+    beside a letter beyond ASCII (which takes the general path), comes out the same."""
+    for code in range(128):
+        char = chr(code)
+        assert normalized(char + "Ab9") == normalized(char + "Ab9é")[:-1], repr(char)
+    text = "".join(map(chr, range(128)))
+    assert normalized(text) == "0123456789abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz"
+
+
 def spelled_with(separator: str, value: str = IBAN) -> str:
     """``value`` with ``separator`` in place of its spaces and after every other character
     too: no two of its characters are left adjacent."""
