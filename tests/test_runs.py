@@ -399,6 +399,7 @@ async def test_an_admission_finds_the_run_by_its_id_however_many_runs_its_actor_
             "acme",
             "alice",
             "sha256:x",
+            "get_order",
         )
     scans = [
         node.get("Index Cond")
@@ -410,3 +411,64 @@ async def test_an_admission_finds_the_run_by_its_id_however_many_runs_its_actor_
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
+
+
+async def scoped_run(flow: Flow, tools: list[str]) -> str:
+    scope = {"tools": tools, "outside": "deny"}
+    response = await flow.post("/runs", {"task": "help a customer", "scope": scope})
+    assert response.status_code == 200, response.text
+    return response.json()["run_id"]  # type: ignore[no-any-return]
+
+
+async def order_reads(providers: Providers) -> list[str]:
+    """The provider's reads of an order itself (not of its owner)."""
+    return [
+        r["path"]
+        for r in await providers.requests()
+        if r["path"].startswith("/billing/orders/") and not r["path"].endswith("/owner")
+    ]
+
+
+async def test_a_read_outside_its_runs_scope_is_refused_counted_once_and_never_sent(
+    flow: Flow, providers: Providers, db: asyncpg.Connection
+) -> None:
+    """A new read in a run is decided before its run is read, and its scope is judged
+    where it is admitted: a tool outside it is refused as it always was, recorded once."""
+    run_id = await scoped_run(flow, ["create_ticket"])
+    refused = await read(flow, run_id)
+    assert (refused.status_code, refused.json()["code"]) == (403, "out_of_scope")
+    assert await order_reads(providers) == []
+    assert (await run_state(flow, run_id))["counters"]["calls"] == 1
+    rows = await db.fetch("SELECT state, run_id FROM calls")
+    assert [(r["state"], r["run_id"]) for r in rows] == [("denied", run_id)]
+
+
+async def test_a_scope_narrowed_between_two_reads_refuses_the_second(
+    flow: Flow, providers: Providers
+) -> None:
+    run_id = await scoped_run(flow, ["get_order", "create_ticket"])
+    assert (await read(flow, run_id)).status_code == 200
+    narrowed = await flow.client.patch(
+        f"/runs/{run_id}", json={"scope": {"tools": ["create_ticket"]}}, headers=flow.auth()
+    )
+    assert narrowed.status_code == 200, narrowed.text
+    refused = await read(flow, run_id)
+    assert (refused.status_code, refused.json()["code"]) == (403, "out_of_scope")
+    assert await order_reads(providers) == ["/billing/orders/ord_1"]  # the first only
+    assert (await run_state(flow, run_id))["counters"]["calls"] == 2
+
+
+async def test_a_read_naming_another_users_run_records_nothing_whatever_it_asks(
+    flow: Flow, db: asyncpg.Connection, providers: Providers
+) -> None:
+    """Whether the read would be allowed, refused by the policy or invalid, naming another
+    user's run is answered as a run that does not exist, before anything is recorded."""
+    run_id = await start_run(flow)
+    erin = {"sub": "erin", "roles": "support"}
+    for arguments in ({"order_id": "ord_1"}, {"order_id": "ord_9"}, {"order_id": 7}):
+        body = {"tool": "get_order", "arguments": arguments, "run_id": run_id}
+        response = await flow.post("/execute", body, erin)
+        assert (response.status_code, response.json()["code"]) == (404, "not_found"), arguments
+    assert await db.fetchval("SELECT count(*) FROM calls") == 0
+    assert await db.fetchval("SELECT calls FROM runs WHERE id = $1", run_id) == 0
+    assert await order_reads(providers) == []

@@ -55,6 +55,9 @@ async def authorize(
         facts = await facts_of(state, call, request)
         decision = policy.decide(request.principal, call, facts)
     except ToolgateError as error:  # a policy denial: authorization raises no gate's refusal
+        if request.run_unread:  # refused only on its run as it is, and only the principal's
+            again = await with_run(state.db, request)
+            return await authorize(state, again, call_id, existing, own_arguments=own_arguments)
         await record_refusal(
             state.db,
             request,
@@ -65,6 +68,9 @@ async def authorize(
             deny_call=own_arguments,
         )
         raise
+    if request.run_unread and decision.impact == "high":  # an approval asked on its run too
+        again = await with_run(state.db, request)
+        return await authorize(state, again, call_id, existing, own_arguments=own_arguments)
     return Authorized(request, call, decision)
 
 
@@ -148,13 +154,15 @@ async def concurrently(awaitables: list[Awaitable[T]]) -> list[T]:
     return list(await asyncio.gather(*awaitables))
 
 
-async def check_run(db: Database, principal: Principal, run_id: str | None) -> RunRow | None:
-    """A ``run_id`` must name the principal's own run before anything is recorded under it;
-    the run, whose scope and task decide too."""
-    if run_id is None:
-        return None
+async def with_run(db: Database, request: Request) -> Request:
+    """``request`` with the run it names, read now. A ``run_id`` must name the principal's
+    own run before anything is recorded under it (else ``NotFound``); the run's scope and
+    task decide too."""
+    if request.run_id is None:
+        return request
     async with db.connection() as conn:
-        return await runs.visible(conn, principal, run_id)
+        run = await runs.visible(conn, request.principal, request.run_id)
+    return request._replace(run=run)
 
 
 async def visible_call(db: Database, principal: Principal, call_id: str) -> CallRow:

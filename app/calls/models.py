@@ -107,8 +107,14 @@ class Request(NamedTuple):
     """When the request began deciding (``time.perf_counter``): audit rows record the
     time since."""
     run: RunRow | None = None
-    """The run ``run_id`` names, as ``authorization.check_run`` read it (its scope and task
+    """The run ``run_id`` names, as ``authorization.with_run`` read it (its scope and task
     decide too)."""
+
+    @property
+    def run_unread(self) -> bool:
+        """It names a run not read yet: a new read decided before its run, whose scope is
+        judged where the call is admitted (``service.execute``)."""
+        return self.run_id is not None and self.run is None
 
     @classmethod
     def under(

@@ -17,7 +17,7 @@ from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import gates, mutation, store
 from app.calls.answers import Execution, Preview, Proposal
-from app.calls.authorization import approved_call, authorize, check_run, visible_call
+from app.calls.authorization import approved_call, authorize, visible_call, with_run
 from app.calls.models import (
     Answer,
     Authorized,
@@ -70,7 +70,7 @@ async def propose(state: Services, principal: Principal, body: ProposeBody) -> P
     request = Request.under(
         state.catalog, principal, body.tool, body.arguments, body.run_id, body.tool_call_id
     )
-    request = request._replace(run=await check_run(state.db, principal, body.run_id))
+    request = await with_run(state.db, request)
     call_id = new_id("call")
     authorized = await authorize(state, request, call_id, None)
     call, decision = authorized.call, authorized.decision
@@ -145,7 +145,8 @@ async def execute(
     run_id = body.run_id if body.run_id is not None else named.run_id if named else None
     tool_name, arguments = _what_to_run(body, existing)
     request = Request.under(state.catalog, principal, tool_name, arguments, run_id)
-    request = request._replace(run=await check_run(state.db, principal, run_id))
+    if not _scope_at_admission(request, body):
+        request = await with_run(state.db, request)
     call_id = existing.id if existing else new_id("call")
     authorized = await authorize(
         state, request, call_id, existing, own_arguments=body.arguments is None
@@ -164,6 +165,27 @@ async def execute(
         existing, call_id = approved, approved.id  # a read approved: it runs that call
     return Answer(
         await _read(state, authorized, existing, call_id, body.approval_id, body.dry_run_id)
+    )
+
+
+def _scope_at_admission(request: Request, body: ExecuteBody) -> bool:
+    """Whether ``request`` is decided before its run is read: a new read in a run (naming
+    no call, approval or dry-run) of a tool none of whose arguments needs endorsing (the
+    run's task would endorse). Its run's scope is judged where the call is admitted, in the
+    one statement that counts it (``_read``), so that an allowed read reads nothing of its
+    run before its provider is asked; anything else (a refusal, an approval to ask for, a
+    call not admitted as decided) is decided again on the run as read (``authorize``). The
+    policy does not change: a call inside its run's scope, or in a run without one, is
+    decided as if the run had no scope, and only such a call is admitted."""
+    tool = request.tool
+    return (
+        request.run_id is not None
+        and body.call_id is None
+        and body.approval_id is None
+        and body.dry_run_id is None
+        and tool is not None
+        and not tool.mutation
+        and not tool.endorsed_args
     )
 
 
@@ -214,8 +236,12 @@ async def _read(
             call.fingerprint,
             new_call=True,
             cost=tool.cost,
+            within=tool.name if request.run_unread else None,
         )
     ):
+        if request.run_unread:  # not admitted as decided: decided again on its run as read
+            again = await authorize(state, await with_run(state.db, request), call_id, existing)
+            return await _read(state, again, existing, call_id, approval_id, dry_run_id)
         async with state.db.transaction() as conn:
             # An approved read is the call its proposal counted, now executing.
             counted = not approved and await counts_as_call(conn, existing)
@@ -370,7 +396,7 @@ async def dry_run(state: Services, principal: Principal, body: DryRunBody) -> Pr
     request = Request.under(
         state.catalog, principal, existing.tool, existing.arguments, existing.run_id
     )
-    request = request._replace(run=await check_run(state.db, principal, existing.run_id))
+    request = await with_run(state.db, request)
     if request.tool is not None and request.tool.dry_run is None:
         raise InvalidRequest(f"tool {request.tool.name!r} has no dry-run", call_id=existing.id)
     authorized = await authorize(state, request, existing.id, existing)

@@ -102,12 +102,14 @@ async def admit_at_once(
     *,
     new_call: bool,
     cost: float,
+    within: str | None = None,
 ) -> bool:
     """Count the call against the principal's own run in one statement when nothing stands
-    in the way (``store.admit_at_once``): in the caller's transaction, or on its own,
+    in the way (``store.admit_at_once``; ``within``: a tool the run's scope must hold, for a
+    call decided before its run was read): in the caller's transaction, or on its own,
     committed with concurrent ones. ``False``: ``admit`` decides, on the locked run."""
     return await store.admit_at_once(
-        writer, run_id, principal.tenant, principal.sub, fingerprint, int(new_call), cost
+        writer, run_id, principal.tenant, principal.sub, fingerprint, int(new_call), cost, within
     )
 
 

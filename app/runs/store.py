@@ -48,6 +48,7 @@ ADMIT_AT_ONCE = f"""
       AND ($6::text IS NULL OR coalesce(
           (SELECT count FROM run_repeats WHERE run_id = $1 AND fingerprint = $6), 0)
           < max_repeats)
+      AND ($7::text IS NULL OR scope_tools IS NULL OR $7 = ANY(scope_tools))
       RETURNING 1)
     SELECT count(*) FROM admitted
 """
@@ -61,9 +62,11 @@ async def admit_at_once(
     fingerprint: str | None,
     calls: int,
     cost: float,
+    within: str | None = None,
 ) -> bool:
     """``admit``, in one statement, for ``actor``'s own run whose same call (by
-    ``fingerprint``) has not failed or come back empty ``max_repeats`` times: the common
+    ``fingerprint``) has not failed or come back empty ``max_repeats`` times, and whose
+    scope, if it has one, holds the tool ``within`` (if given): the common
     case, in the caller's transaction or committed with concurrent ones (``write_one``).
     ``False`` says only that it did not; the caller then decides under the run's lock why.
     The owner is compared with ``IS NOT DISTINCT FROM``, which no index serves, so that the
@@ -71,7 +74,16 @@ async def admit_at_once(
     deployment) took the index of the actor's runs and read every run of theirs to admit
     one call (measured: 0.3 ms of PostgreSQL for 400 runs, growing with each run)."""
     admitted = await write_one(
-        writer, ADMIT_AT_ONCE, run_id, calls, cost, tenant, actor, fingerprint, order=run_id
+        writer,
+        ADMIT_AT_ONCE,
+        run_id,
+        calls,
+        cost,
+        tenant,
+        actor,
+        fingerprint,
+        within,
+        order=run_id,
     )
     return bool(admitted)
 
