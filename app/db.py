@@ -193,7 +193,11 @@ class Pool:
                 handed = await waiter
             except BaseException:  # cancelled, maybe after it was handed a connection
                 if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                    self._pass_on(waiter.result())
+                    handed = waiter.result()
+                    if handed is None:
+                        self._pass_on(None)  # the room it was given
+                    else:
+                        self.release(handed, reusable=True)  # closed if the pool is
                 raise
             if handed is not None:
                 return handed

@@ -141,6 +141,23 @@ async def test_a_database_error_keeps_the_connection(database: Database) -> None
         assert await backend(conn) == kept
 
 
+async def test_a_connection_handed_to_a_waiter_cancelled_as_the_pool_closes_is_closed(
+    lone_database: str,
+) -> None:
+    db = Database(lone_database)
+    await db.open(min_size=1, max_size=1)
+    held = db.connection()
+    conn = await held.__aenter__()
+    waiter = asyncio.create_task(_pid_of_next(db))
+    await asyncio.sleep(0.05)
+    await held.__aexit__(None, None, None)  # handed to the waiter, which has not run yet
+    waiter.cancel()
+    await db.close()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert await eventually(conn.is_closed)
+
+
 async def test_a_connection_the_server_ended_is_replaced(
     database: Database, lone_database: str
 ) -> None:

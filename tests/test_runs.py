@@ -472,3 +472,24 @@ async def test_a_read_naming_another_users_run_records_nothing_whatever_it_asks(
     assert await db.fetchval("SELECT count(*) FROM calls") == 0
     assert await db.fetchval("SELECT calls FROM runs WHERE id = $1", run_id) == 0
     assert await order_reads(providers) == []
+
+
+async def owner_lookups(providers: Providers) -> int:
+    return sum(r["path"].endswith("/owner") for r in await providers.requests())
+
+
+async def test_a_read_in_a_run_asks_for_its_owner_once_whatever_the_answer(
+    flow: Flow, providers: Providers
+) -> None:
+    """Decided before its run is read, a read is not decided a second time with facts
+    looked up again: an owner lookup that failed fails the read, as outside a run."""
+    run_id = await start_run(flow)
+    await providers.fault("/billing/orders/ord_1/owner", "status_500", count=1)
+    failed = await read(flow, run_id)
+    assert (failed.status_code, failed.json()["code"]) == (502, "provider_unavailable")
+    assert await owner_lookups(providers) == 1
+    assert await order_reads(providers) == []
+    scoped = await scoped_run(flow, ["create_ticket"])
+    refused = await read(flow, scoped)
+    assert (refused.status_code, refused.json()["code"]) == (403, "out_of_scope")
+    assert await owner_lookups(providers) == 2  # one more, for the refused read

@@ -55,9 +55,10 @@ async def authorize(
         facts = await facts_of(state, call, request)
         decision = policy.decide(request.principal, call, facts)
     except ToolgateError as error:  # a policy denial: authorization raises no gate's refusal
-        if request.run_unread:  # refused only on its run as it is, and only the principal's
-            again = await with_run(state.db, request)
-            return await authorize(state, again, call_id, existing, own_arguments=own_arguments)
+        if request.run_unread:
+            # Recorded only under the principal's own run. Decided without the run's scope,
+            # which ``decide`` judges last: on the run, the same refusal.
+            request = await with_run(state.db, request)
         await record_refusal(
             state.db,
             request,
@@ -68,10 +69,28 @@ async def authorize(
             deny_call=own_arguments,
         )
         raise
-    if request.run_unread and decision.impact == "high":  # an approval asked on its run too
-        again = await with_run(state.db, request)
-        return await authorize(state, again, call_id, existing, own_arguments=own_arguments)
-    return Authorized(request, call, decision)
+    authorized = Authorized(request, call, decision, facts)
+    if request.run_unread and decision.impact == "high":  # its approval is asked on its run
+        return await on_its_run(state.db, authorized, call_id, existing is None)
+    return authorized
+
+
+async def on_its_run(
+    db: Database, authorized: Authorized, call_id: str, new_call: bool
+) -> Authorized:
+    """``authorized``, decided before its run was read (``Request.run_unread``), decided
+    again on the run read now, with the same facts and the run's scope; a refusal recorded
+    (only under the principal's own run: another's is ``NotFound``, and nothing is)."""
+    request = await with_run(db, authorized.request)
+    facts = authorized.facts._replace(scope=scope_of(request.run))
+    try:
+        decision = policy.decide(request.principal, authorized.call, facts)
+    except ToolgateError as error:
+        await record_refusal(
+            db, request, authorized.call, call_id, error, new_call=new_call, deny_call=True
+        )
+        raise
+    return Authorized(request, authorized.call, decision, facts)
 
 
 async def facts_of(state: Services, call: PreparedCall, request: Request) -> Facts:

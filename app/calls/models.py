@@ -15,7 +15,7 @@ from app import evidence
 from app.auth.principal import Principal
 from app.bodies import Body, Id, JsonObject
 from app.calls.answers import Execution
-from app.calls.policy import Decision, PreparedCall
+from app.calls.policy import Decision, Facts, PreparedCall
 from app.calls.states import CallState, ExecutionState, Next
 from app.catalog.models import Catalog, Impact, Tool
 from app.errors import IdempotencyKeyInvalid, IdempotencyKeyMissing
@@ -147,6 +147,9 @@ class Authorized(NamedTuple):
     request: Request
     call: PreparedCall
     decision: Decision
+    facts: Facts
+    """What the decision was made on (looked up once: ``authorization.on_its_run`` decides
+    again on them)."""
 
     @property
     def principal(self) -> Principal:

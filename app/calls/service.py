@@ -17,7 +17,7 @@ from app.audit.store import AuditEvent, append
 from app.auth.principal import Principal
 from app.calls import gates, mutation, store
 from app.calls.answers import Execution, Preview, Proposal
-from app.calls.authorization import approved_call, authorize, visible_call, with_run
+from app.calls.authorization import approved_call, authorize, on_its_run, visible_call, with_run
 from app.calls.models import (
     Answer,
     Authorized,
@@ -173,10 +173,12 @@ def _scope_at_admission(request: Request, body: ExecuteBody) -> bool:
     no call, approval or dry-run) of a tool none of whose arguments needs endorsing (the
     run's task would endorse). Its run's scope is judged where the call is admitted, in the
     one statement that counts it (``_read``), so that an allowed read reads nothing of its
-    run before its provider is asked; anything else (a refusal, an approval to ask for, a
-    call not admitted as decided) is decided again on the run as read (``authorize``). The
-    policy does not change: a call inside its run's scope, or in a run without one, is
-    decided as if the run had no scope, and only such a call is admitted."""
+    run before its provider is asked. Anything else is settled on the run as read: a
+    refusal is recorded (the scope rule comes last, so it is the same refusal), and an
+    approval to ask for, or a call not admitted as decided, is decided again on the same
+    facts and the run's scope (``authorization.on_its_run``). The policy does not change: a
+    call inside its run's scope, or in a run without one, is decided as if the run had no
+    scope, and only such a call is admitted."""
     tool = request.tool
     return (
         request.run_id is not None
@@ -240,7 +242,7 @@ async def _read(
         )
     ):
         if request.run_unread:  # not admitted as decided: decided again on its run as read
-            again = await authorize(state, await with_run(state.db, request), call_id, existing)
+            again = await on_its_run(state.db, authorized, call_id, existing is None)
             return await _read(state, again, existing, call_id, approval_id, dry_run_id)
         async with state.db.transaction() as conn:
             # An approved read is the call its proposal counted, now executing.
