@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from app import db as db_module
-from app.db import Connection, Database, Pool
+from app.db import Connection, Database, Pool, Pooled
 from app.errors import Unavailable
 
 
@@ -141,15 +141,24 @@ async def test_a_database_error_keeps_the_connection(database: Database) -> None
         assert await backend(conn) == kept
 
 
-async def test_a_connection_handed_to_a_waiter_cancelled_as_the_pool_closes_is_closed(
+async def one_held_one_waiting(
     lone_database: str,
-) -> None:
+) -> tuple[Database, Pooled, Connection, asyncio.Task[int]]:
+    """A pool of one connection, held (its block and the connection), and a request
+    waiting for it."""
     db = Database(lone_database)
     await db.open(min_size=1, max_size=1)
     held = db.connection()
     conn = await held.__aenter__()
     waiter = asyncio.create_task(_pid_of_next(db))
     await asyncio.sleep(0.05)
+    return db, held, conn, waiter
+
+
+async def test_a_connection_handed_to_a_waiter_cancelled_as_the_pool_closes_is_closed(
+    lone_database: str,
+) -> None:
+    db, held, conn, waiter = await one_held_one_waiting(lone_database)
     await held.__aexit__(None, None, None)  # handed to the waiter, which has not run yet
     waiter.cancel()
     await db.close()
@@ -213,12 +222,7 @@ async def test_a_failed_connect_gives_its_room_to_the_next_request(lone_database
 async def test_closing_answers_waiters_and_closes_connections_as_they_come_back(
     lone_database: str,
 ) -> None:
-    db = Database(lone_database)
-    await db.open(min_size=1, max_size=1)
-    held = db.connection()
-    conn = await held.__aenter__()
-    waiter = asyncio.create_task(_pid_of_next(db))
-    await asyncio.sleep(0.05)
+    db, held, conn, waiter = await one_held_one_waiting(lone_database)
     await db.close()
     with pytest.raises(Unavailable):
         await waiter
