@@ -14,6 +14,7 @@ from app.locks import Locks
 from app.outbound import Outbound
 from app.providers import ProviderClient
 from app.runs.endorsement import TrustedTexts
+from app.runs.service import OwnRuns
 from app.settings import Settings
 
 
@@ -33,6 +34,8 @@ class AppState:
     """The OpenID provider the console signs approvers in with, if one is configured."""
     trusted: TrustedTexts = field(default_factory=TrustedTexts)
     """The trusted results of the runs this process judged last (to endorse values by)."""
+    own_runs: OwnRuns = field(default_factory=OwnRuns)
+    """The runs this process has found to be whose (their owners never change)."""
     reloading: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by a catalog reload (``main.reload_catalog``) from reading the disk to swapping
     the catalog in: reloads take turns."""

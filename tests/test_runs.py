@@ -9,7 +9,10 @@ from typing import Any
 import asyncpg
 import httpx
 
+from app.auth.principal import Principal
 from app.runs import store as runs_store
+from app.runs.models import RunRow
+from app.runs.service import OwnRuns
 from tests.conftest import Providers
 from tests.flows import Flow, new_key, refund_args
 
@@ -429,6 +432,10 @@ async def order_reads(providers: Providers) -> list[str]:
     ]
 
 
+async def owner_lookups(providers: Providers) -> int:
+    return sum(r["path"].endswith("/owner") for r in await providers.requests())
+
+
 async def test_a_read_outside_its_runs_scope_is_refused_counted_once_and_never_sent(
     flow: Flow, providers: Providers, db: asyncpg.Connection
 ) -> None:
@@ -446,6 +453,8 @@ async def test_a_read_outside_its_runs_scope_is_refused_counted_once_and_never_s
 async def test_a_scope_narrowed_between_two_reads_refuses_the_second(
     flow: Flow, providers: Providers
 ) -> None:
+    """The first read reads the run; the second, in a run now known to be the user's, is
+    decided before the run is read, and its admission finds the narrowed scope."""
     run_id = await scoped_run(flow, ["get_order", "create_ticket"])
     assert (await read(flow, run_id)).status_code == 200
     narrowed = await flow.client.patch(
@@ -455,6 +464,7 @@ async def test_a_scope_narrowed_between_two_reads_refuses_the_second(
     refused = await read(flow, run_id)
     assert (refused.status_code, refused.json()["code"]) == (403, "out_of_scope")
     assert await order_reads(providers) == ["/billing/orders/ord_1"]  # the first only
+    assert await owner_lookups(providers) == 2  # one each, never a second decision's
     assert (await run_state(flow, run_id))["counters"]["calls"] == 2
 
 
@@ -474,22 +484,37 @@ async def test_a_read_naming_another_users_run_records_nothing_whatever_it_asks(
     assert await order_reads(providers) == []
 
 
-async def owner_lookups(providers: Providers) -> int:
-    return sum(r["path"].endswith("/owner") for r in await providers.requests())
-
-
 async def test_a_read_in_a_run_asks_for_its_owner_once_whatever_the_answer(
     flow: Flow, providers: Providers
 ) -> None:
-    """Decided before its run is read, a read is not decided a second time with facts
-    looked up again: an owner lookup that failed fails the read, as outside a run."""
+    """Decided before its run is read (the run known to be the user's), a read is not
+    decided a second time on facts looked up again: an owner lookup that failed fails the
+    read, as outside a run."""
     run_id = await start_run(flow)
+    assert (await read(flow, run_id)).status_code == 200
     await providers.fault("/billing/orders/ord_1/owner", "status_500", count=1)
     failed = await read(flow, run_id)
     assert (failed.status_code, failed.json()["code"]) == (502, "provider_unavailable")
-    assert await owner_lookups(providers) == 1
-    assert await order_reads(providers) == []
-    scoped = await scoped_run(flow, ["create_ticket"])
-    refused = await read(flow, scoped)
-    assert (refused.status_code, refused.json()["code"]) == (403, "out_of_scope")
-    assert await owner_lookups(providers) == 2  # one more, for the refused read
+    assert await owner_lookups(providers) == 2
+    assert await order_reads(providers) == ["/billing/orders/ord_1"]
+
+
+def test_own_runs_know_a_run_only_as_its_owners_and_forget_the_oldest_first() -> None:
+    own = OwnRuns(size=2)
+    alice, erin = Principal("alice", "acme", frozenset()), Principal("erin", "acme", frozenset())
+    globex_alice = Principal("alice", "globex", frozenset())
+    for name in ("run_a", "run_b"):
+        own.saw(run_of(name, "acme", "alice"))
+    assert own.owns(alice, "run_a")
+    assert own.owns(alice, "run_b")
+    assert not own.owns(erin, "run_a")
+    assert not own.owns(globex_alice, "run_a")
+    assert not own.owns(alice, "run_c")
+    own.saw(run_of("run_c", "acme", "erin"))
+    assert not own.owns(alice, "run_a")  # forgotten: read again on its next call
+    assert own.owns(alice, "run_b")
+    assert own.owns(erin, "run_c")
+
+
+def run_of(run_id: str, tenant: str, actor: str) -> RunRow:
+    return RunRow(run_id, tenant, actor, None, "active", None, None, None, 200, 3600, 100, 3, 10)

@@ -145,8 +145,12 @@ async def execute(
     run_id = body.run_id if body.run_id is not None else named.run_id if named else None
     tool_name, arguments = _what_to_run(body, existing)
     request = Request.under(state.catalog, principal, tool_name, arguments, run_id)
-    if not _scope_at_admission(request, body):
+    if run_id is not None and not (
+        _scope_at_admission(request, body) and state.own_runs.owns(principal, run_id)
+    ):
         request = await with_run(state.db, request)
+        assert request.run is not None
+        state.own_runs.saw(request.run)
     call_id = existing.id if existing else new_id("call")
     authorized = await authorize(
         state, request, call_id, existing, own_arguments=body.arguments is None
@@ -169,16 +173,16 @@ async def execute(
 
 
 def _scope_at_admission(request: Request, body: ExecuteBody) -> bool:
-    """Whether ``request`` is decided before its run is read: a new read in a run (naming
-    no call, approval or dry-run) of a tool none of whose arguments needs endorsing (the
-    run's task would endorse). Its run's scope is judged where the call is admitted, in the
-    one statement that counts it (``_read``), so that an allowed read reads nothing of its
-    run before its provider is asked. Anything else is settled on the run as read: a
-    refusal is recorded (the scope rule comes last, so it is the same refusal), and an
-    approval to ask for, or a call not admitted as decided, is decided again on the same
-    facts and the run's scope (``authorization.on_its_run``). The policy does not change: a
-    call inside its run's scope, or in a run without one, is decided as if the run had no
-    scope, and only such a call is admitted."""
+    """Whether ``request``, in a run known to be the caller's (``OwnRuns``), is decided
+    before its run is read: a new read (naming no call, approval or dry-run) of a tool none
+    of whose arguments needs endorsing (the run's task would endorse). Its run's scope is
+    judged where the call is admitted, in the one statement that counts it (``_read``), so
+    an allowed read reads nothing of its run before its provider is asked. Anything else is
+    settled on the run as read: a refusal is recorded (the scope rule comes last, so it is
+    the same refusal), and an approval to ask for, or a call not admitted as decided, is
+    decided again on the same facts and the run's scope (``authorization.on_its_run``).
+    The policy does not change: a call inside its run's scope, or in a run without one, is
+    decided as if the run had no scope, and only such a call is admitted."""
     tool = request.tool
     return (
         request.run_id is not None

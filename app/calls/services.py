@@ -13,6 +13,7 @@ from app.db import Database
 from app.locks import Locks
 from app.providers import ProviderClient
 from app.runs.endorsement import TrustedTexts
+from app.runs.service import OwnRuns
 from app.settings import Settings
 
 
@@ -25,4 +26,5 @@ class Services(Protocol):
     providers: ProviderClient
     locks: Locks
     trusted: TrustedTexts
+    own_runs: OwnRuns
     waiters: CallWaiters

@@ -94,6 +94,27 @@ async def visible(
     return run
 
 
+class OwnRuns:
+    """The runs this process has found to be whose, the latest ``size`` of them (the first
+    forgotten first). A run's owner never changes: a user's later read in a run known to be
+    theirs is decided before the run is read (its scope judged where the call is admitted),
+    while a run id not known to be the caller's is read first, so that nothing is asked of a
+    provider for a run that is not theirs. Pure: it holds what it is told."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._size = size
+        self._owners: dict[str, tuple[str, str]] = {}
+
+    def owns(self, principal: Principal, run_id: str) -> bool:
+        return self._owners.get(run_id) == (principal.tenant, principal.sub)
+
+    def saw(self, run: RunRow) -> None:
+        if run.id not in self._owners:
+            if len(self._owners) >= self._size:
+                del self._owners[next(iter(self._owners))]
+            self._owners[run.id] = (run.tenant, run.actor)
+
+
 async def admit_at_once(
     writer: Writer,
     principal: Principal,
