@@ -185,8 +185,7 @@ def _scope_at_admission(request: Request, body: ExecuteBody) -> bool:
     decided as if the run had no scope, and only such a call is admitted."""
     tool = request.tool
     return (
-        request.run_id is not None
-        and body.call_id is None
+        body.call_id is None
         and body.approval_id is None
         and body.dry_run_id is None
         and tool is not None
