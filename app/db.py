@@ -433,17 +433,15 @@ class Database:
         settings, and a statement that takes more than 10 s failed (``Unavailable``)."""
         try:
             conn = await asyncpg.connect(self._url, command_timeout=10, server_settings=SESSION)
+            try:
+                await conn.set_type_codec(
+                    "jsonb", encoder=_encode_json, decoder=_decode_json, schema="pg_catalog"
+                )
+            except BaseException:
+                conn.terminate()
+                raise
         except (*_UNAVAILABLE, asyncpg.PostgresError) as exc:
             raise Unavailable(f"database unreachable: {exc}") from exc
-        try:
-            await conn.set_type_codec(
-                "jsonb", encoder=_encode_json, decoder=_decode_json, schema="pg_catalog"
-            )
-        except BaseException as exc:
-            conn.terminate()
-            if isinstance(exc, (*_UNAVAILABLE, asyncpg.PostgresError)):
-                raise Unavailable(f"database unreachable: {exc}") from exc
-            raise
         return conn
 
     async def close(self) -> None:
