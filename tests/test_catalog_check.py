@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.catalog.loader import CatalogError, load
+from app.catalog.models import Endorsed, EndorsedMode
 from app.catalog.source import Problem
 from tests.catalogs import BASE, write
 
@@ -1083,3 +1084,114 @@ def test_an_x_keyword_toolgate_does_not_know_is_refused_so_no_listed_schema_carr
     with pytest.raises(CatalogError) as refused:
         load(write(tmp_path, text), {})
     assert "x-mcp-header" in str(refused.value)
+
+
+# --- x-endorsed on optional, nullable and list arguments ------------------------------------
+
+EMAIL = "        email: {type: string}\n"
+ENDORSED_EMAIL = ("tools", "update_email", "parameters", "properties", "email", "x-endorsed")
+
+
+@pytest.mark.parametrize(
+    ("schema", "mode", "many"),
+    [
+        ("type: string, x-endorsed: true", "value", False),
+        ('type: [string, "null"], x-endorsed: true', "value", False),
+        ('type: ["null", integer], x-endorsed: true', "value", False),
+        (
+            'anyOf: [{type: string, format: email}, {type: "null"}], x-endorsed: true',
+            "value",
+            False,
+        ),
+        ('type: [string, "null"], x-endorsed: links', "links", False),
+        ("type: array, items: {type: string, format: email}, x-endorsed: true", "value", True),
+        ("type: array, items: {type: integer}, maxItems: 20, x-endorsed: true", "value", True),
+        ('type: array, items: {type: [string, "null"]}, x-endorsed: true', "value", True),
+        ('type: [array, "null"], items: {type: string}, x-endorsed: links', "links", True),
+        (
+            'anyOf: [{type: array, items: {type: string}}, {type: "null"}], x-endorsed: true',
+            "value",
+            True,
+        ),
+    ],
+)
+def test_x_endorsed_holds_on_a_nullable_value_and_on_a_list_of_values_judged_each(
+    tmp_path: Path, schema: str, mode: EndorsedMode, many: bool
+) -> None:
+    """``many``: the argument is a list, and each of its items is judged on its own."""
+    text = edit(BASE, EMAIL, f"        email: {{{schema}}}\n")
+    endorsed = load(write(tmp_path, text), {}).tools["update_email"].endorsed_args
+    assert endorsed == (Endorsed("email", mode, "update_email.email", many),)
+
+
+def test_x_endorsed_holds_on_an_optional_argument_and_its_kind_names_each_items_kind(
+    tmp_path: Path,
+) -> None:
+    optional = (
+        "        cc: {type: array, items: {type: string}, x-endorsed: true, x-endorsed-kind: m}\n"
+    )
+    tool = load(write(tmp_path, edit(BASE, EMAIL, EMAIL + optional)), {}).tools["update_email"]
+    assert "cc" not in tool.parameters["required"]
+    assert tool.endorsed_args == (Endorsed("cc", "value", "m", many=True),)
+
+
+VALUE_NEEDS = (
+    'x-endorsed needs type: string or integer, which may be nullable (type: [string, "null"],'
+    ' or anyOf: [{type: string}, {type: "null"}]), or an array of such items'
+)
+LINKS_NEED = (
+    'x-endorsed: links needs type: string, which may be nullable (type: [string, "null"],'
+    ' or anyOf: [{type: string}, {type: "null"}]), or an array of such items'
+)
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("type: object, x-endorsed: true", VALUE_NEEDS),
+        ("type: boolean, x-endorsed: true", VALUE_NEEDS),
+        ("type: number, x-endorsed: true", VALUE_NEEDS),
+        ('type: "null", x-endorsed: true', VALUE_NEEDS),
+        ("x-endorsed: true", VALUE_NEEDS),
+        ("type: [string, integer], x-endorsed: true", VALUE_NEEDS),
+        ("anyOf: [{type: string}, {type: integer}], x-endorsed: true", VALUE_NEEDS),
+        ('anyOf: [{type: object}, {type: "null"}], x-endorsed: true', VALUE_NEEDS),
+        ("allOf: [{type: string}], x-endorsed: true", VALUE_NEEDS),
+        ("type: array, x-endorsed: true", VALUE_NEEDS),
+        ("type: array, items: {type: number}, x-endorsed: true", VALUE_NEEDS),
+        ("type: array, items: {type: object}, x-endorsed: true", VALUE_NEEDS),
+        ("type: array, items: {type: array, items: {type: string}}, x-endorsed: true", VALUE_NEEDS),
+        (
+            "type: array, prefixItems: [{type: object}], items: {type: string}, x-endorsed: true",
+            VALUE_NEEDS,
+        ),
+        ("type: integer, x-endorsed: links", LINKS_NEED),
+        ('type: [integer, "null"], x-endorsed: links', LINKS_NEED),
+        ("type: array, items: {type: integer}, x-endorsed: links", LINKS_NEED),
+        ('oneOf: [{type: "null"}, {type: integer}], x-endorsed: links', LINKS_NEED),
+        ("type: string, x-endorsed: urls", "x-endorsed is true or 'links'"),
+        (
+            "type: string, x-endorsed: false, x-endorsed-kind: payee",
+            "x-endorsed-kind needs x-endorsed",
+        ),
+    ],
+)
+def test_check_refuses_x_endorsed_on_what_is_not_text_or_an_integer_each(
+    tmp_path: Path, schema: str, message: str
+) -> None:
+    text = edit(BASE, EMAIL, f"        email: {{{schema}}}\n")
+    problems = problems_of(write(tmp_path, text))
+    assert len(problems) == 1, [str(p) for p in problems]
+    assert problems[0].path[:-1] == ENDORSED_EMAIL[:-1]
+    assert problems[0].message == message
+    assert problems[0].line == line_of(text, "email: {")
+
+
+def test_check_refuses_x_endorsed_on_an_identity_whatever_its_type(tmp_path: Path) -> None:
+    old = "tenant_id: {type: string, x-identity: tenant}"
+    for schema in ("type: string", 'type: [string, "null"]'):
+        text = edit(BASE, old, f"tenant_id: {{{schema}, x-identity: tenant, x-endorsed: true}}")
+        problem = at(problems_of(write(tmp_path, text)), (*ENDORSED_EMAIL[:4], "tenant_id"))
+        assert problem.message == (
+            "an x-identity argument is always the session's own: it needs no endorsement"
+        )

@@ -119,6 +119,31 @@ async def test_check_prints_every_problem_with_file_and_line(tmp_path: Path) -> 
         assert "Traceback" not in output
 
 
+async def test_check_prints_a_trusted_field_the_result_cannot_have_and_a_trusted_write(
+    tmp_path: Path,
+) -> None:
+    note = "        note: {type: string, maxLength: 500, x-sensitive: true}\n"
+    text = BASE.replace(
+        "    result: {fields: [id, status]}\n",
+        "    result: {fields: [id, status], trusted: [total]}\n",
+    ).replace(note, note + "    result: {trusted: true}\n")
+    path = write(tmp_path, text)
+    lines = text.splitlines()
+    result = await run("check", str(path), env=base_env())
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    get_order = lines.index("    result: {fields: [id, status], trusted: [total]}") + 1
+    refund = lines.index("    result: {trusted: true}") + 1
+    assert (
+        f"{path}:{get_order}: tools.get_order.result.trusted.0: 'total' is not within a kept"
+        " field (result.fields): the result never has it"
+    ) in output
+    assert (
+        f"{path}:{refund}: tools.issue_refund.result.trusted: a write vouches for nothing:"
+        " only a read's result is trusted"
+    ) in output
+
+
 async def test_check_of_a_missing_path_fails(tmp_path: Path) -> None:
     result = await run("check", str(tmp_path / "nope.yaml"), env=base_env())
     assert result.returncode != 0

@@ -84,21 +84,40 @@ async def test_a_refusal_read_in_a_run_taints_an_argument_copied_from_it(flow: F
     assert (own.status_code, own.json()["decision"]) == (200, "allow"), own.text
 
 
+NOT_POSITIVE = "amount must be a positive number"
+"""What billing's refund preview answers (400) to an amount that is not above zero."""
+
+
 @pytest.fixture(scope="module")
 def trusted_catalog(tmp_path_factory: pytest.TempPathFactory, catalog_dir: Path) -> Path:
-    """The demo catalog plus ``trusted_refund``: ``issue_refund`` whose results are marked
-    trusted, keeping ``refundable`` of a refusal too, redacted."""
-    directory = tmp_path_factory.mktemp("trusted_refund")
+    """The demo catalog plus ``quote_refund``: a read of billing's refund preview whose
+    results are marked trusted (only a read's can be), and which leaves the amount to billing
+    to refuse, keeping ``detail`` of a refusal and ``error`` redacted."""
+    directory = tmp_path_factory.mktemp("trusted_quote")
     demo = (catalog_dir / "demo.yaml").read_text()
     (directory / "demo.yaml").write_text(demo)
-    tool = dict(yaml.safe_load(demo)["tools"]["issue_refund"])
-    tool["result"] = {
-        "fields": ["id", "status"],
-        "error_fields": ["error", "message", "refundable"],
-        "redact": ["refundable"],
-        "trusted": True,
+    tool = {
+        "mutation": False,
+        "provider": "billing",
+        "execute": {"method": "POST", "path": "/refunds/preview"},
+        "access": {"roles": ["support"]},
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["order_id", "amount"],
+            "properties": {
+                "order_id": {"type": "string", "x-resource": "order"},
+                "amount": {"type": "number"},
+            },
+        },
+        "result": {
+            "fields": ["order_id", "amount", "refundable"],
+            "error_fields": ["error", "detail"],
+            "redact": ["error"],
+            "trusted": True,
+        },
     }
-    (directory / "trusted.yaml").write_text(yaml.safe_dump({"tools": {"trusted_refund": tool}}))
+    (directory / "trusted.yaml").write_text(yaml.safe_dump({"tools": {"quote_refund": tool}}))
     return directory
 
 
@@ -116,13 +135,11 @@ async def test_redact_applies_to_a_refusal_and_a_trusted_tools_refusal_endorses_
     """``trusted`` vouches for the tool's data; a provider's error text may quote anyone."""
     flow = Flow(trusting, auth)
     run_id = await start_run(flow)
-    answer = await refused(flow, "trusted_refund", run_id)
-    assert answer["result"] == {
-        "error": "exceeds_refundable",
-        "message": MESSAGE,
-        "refundable": "[redacted]",
-    }
-    ticket = {"subject": "Refund refused", "body": MESSAGE}
+    quote = {"order_id": "ord_2", "amount": 0}
+    answer = (await flow.execute("quote_refund", quote, None, run_id=run_id)).json()
+    assert (answer["status"], answer["provider_status"]) == ("failed", 400), answer
+    assert answer["result"] == {"error": "[redacted]", "detail": NOT_POSITIVE}
+    ticket = {"subject": "Refund refused", "body": NOT_POSITIVE}
     copied = await flow.post(
         "/propose", {"tool": "create_ticket", "arguments": ticket, "run_id": run_id}
     )

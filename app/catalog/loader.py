@@ -47,6 +47,7 @@ from app.catalog.spec import (
     ToolSpec,
     keys_at,
 )
+from app.catalog.trusted import WHOLE, FieldPath, parsed, refusal
 from app.runs.provenance import declared_names
 
 ANNOTATIONS = {
@@ -364,6 +365,7 @@ def _tool(
         for i, dotted in enumerate(paths):
             if not all(dotted.split(".")):
                 source.problem((*where, "result", key, i), f"bad dotted path {dotted!r}")
+    trusted = _trusted(t, (*where, "result", "trusted"), source)
     if len(source.problems) > before or validator is None or annotations is None:
         return None
     if t.provider not in providers or any(kind not in resources for _, kind in annotations[1]):
@@ -390,7 +392,7 @@ def _tool(
         recheck=recheck is not False and t.dry_run is not None,
         on_taint=on_taint,
         endorsed_args=tuple(
-            Endorsed(arg, mode, kind or f"{name}.{arg}") for arg, mode, kind in endorsed
+            Endorsed(arg, mode, kind or f"{name}.{arg}", many) for arg, mode, kind, many in endorsed
         ),
         on_unendorsed=on_unendorsed,
         access=t.access,
@@ -405,7 +407,39 @@ def _tool(
         sensitive_args=sensitive,
         declared_keys=declared_names(t.parameters),
         result=t.result,
+        trusted=trusted,
     )
+
+
+def _trusted(t: ToolSpec, where: tuple[str | int, ...], source: Source) -> tuple[FieldPath, ...]:
+    """``result.trusted`` compiled (``app.catalog.trusted``): a read's field paths that its
+    result can hold. A mutation's result is never trusted: a write vouches for nothing, and
+    what it answers is mostly what the model sent."""
+    written = t.result.trusted
+    if written is False:
+        return ()
+    if t.mutation:
+        source.problem(where, "a write vouches for nothing: only a read's result is trusted")
+        return ()
+    if written is True:
+        return WHOLE
+    if not written:
+        source.problem(where, "trusted is true or a non-empty list of field paths")
+    paths = []
+    for i, dotted in enumerate(written):
+        path = parsed(dotted)
+        if path is None:
+            source.problem(
+                (*where, i),
+                f"bad field path {dotted!r}: keys joined by '.', each key followed by '[]'"
+                " for every item of a list there ('messages[].sender'; '[].email' when the"
+                " result is a list)",
+            )
+        elif reason := refusal(path, t.result.fields, t.result.redact):
+            source.problem((*where, i), f"{dotted!r} {reason}")
+        else:
+            paths.append(path)
+    return tuple(paths)
 
 
 def _endpoint(
@@ -491,7 +525,7 @@ Annotations = tuple[
     list[tuple[str, str]],
     tuple[str, ...],
     frozenset[str],
-    tuple[tuple[str, EndorsedMode, str | None], ...],
+    tuple[tuple[str, EndorsedMode, str | None, bool], ...],
 ]
 
 
@@ -513,7 +547,7 @@ def _annotations(
     resource_names: list[tuple[str, str]] = []
     egress: list[str] = []
     sensitive: set[str] = set()
-    endorsed: list[tuple[str, EndorsedMode, str | None]] = []
+    endorsed: list[tuple[str, EndorsedMode, str | None, bool]] = []
     for arg, prop in properties.items() if isinstance(properties, dict) else ():
         if not isinstance(prop, dict):
             continue
@@ -561,9 +595,9 @@ def _annotations(
 
 def _endorsement(
     arg: str, prop: dict[str, Any], here: tuple[str | int, ...], source: Source
-) -> tuple[str, EndorsedMode, str | None] | None:
-    """An ``x-endorsed`` property's mode and kind, or ``None`` (not endorsed, or refused: an
-    annotation toolgate cannot honour refuses the catalog)."""
+) -> tuple[str, EndorsedMode, str | None, bool] | None:
+    """An ``x-endorsed`` property's mode, kind and whether it is a list, or ``None`` (not
+    endorsed, or refused: an annotation toolgate cannot honour refuses the catalog)."""
     marked, kind = prop.get("x-endorsed", False), prop.get("x-endorsed-kind")
     if kind is not None and (not isinstance(kind, str) or not _KIND.fullmatch(kind)):
         source.problem(
@@ -583,15 +617,39 @@ def _endorsement(
             "an x-identity argument is always the session's own: it needs no endorsement",
         )
     allowed = ("string",) if marked == "links" else ("string", "integer")
-    if prop.get("type") not in allowed:
+    typed, many = _one_type(prop), False
+    if typed is not None and typed[0] == "array":  # each item judged: prefixItems left out
+        many = True
+        typed = None if "prefixItems" in typed[1] else _one_type(typed[1].get("items"))
+    if typed is None or typed[0] not in allowed:
+        needs = "links needs type: string" if marked == "links" else "needs type: string or integer"
         source.problem(
             (*here, "x-endorsed"),
-            "x-endorsed: links needs type: string"
-            if marked == "links"
-            else "x-endorsed needs type: string or type: integer",
+            f"x-endorsed{':' if marked == 'links' else ''} {needs}, which may be nullable"
+            ' (type: [string, "null"], or anyOf: [{type: string}, {type: "null"}]), or an array'
+            " of such items",
         )
         return None
-    return arg, "links" if marked == "links" else "value", kind
+    return arg, "links" if marked == "links" else "value", kind, many
+
+
+def _one_type(schema: Any) -> tuple[str, dict[str, Any]] | None:
+    """The one type other than null that every value of ``schema`` has, with the schema
+    that says so: ``type: T``, ``type: [T, "null"]``, or ``anyOf`` (or ``oneOf``) of one
+    such schema and ``{type: "null"}``; ``None`` when values may be of several types or
+    the schema does not say."""
+    if not isinstance(schema, dict):
+        return None
+    if "type" in schema:
+        declared = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        others = [name for name in declared if name != "null"]
+        return (others[0], schema) if len(others) == 1 and isinstance(others[0], str) else None
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list):
+            typed = [b for b in branches if not (isinstance(b, dict) and b.get("type") == "null")]
+            return _one_type(typed[0]) if len(typed) == 1 else None
+    return None
 
 
 _NAME_MAPS = {"properties", "patternProperties", "$defs", "dependentSchemas"}

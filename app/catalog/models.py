@@ -11,6 +11,7 @@ import jsonschema_rs
 import orjson
 
 from app.catalog.spec import AccessSpec, ApprovalSpec, Method, ResultSpec
+from app.catalog.trusted import FieldPath
 
 Impact = Literal["read", "low", "high"]
 OnTaint = Literal["approve", "deny", "allow"]
@@ -22,12 +23,14 @@ EndorsedMode = Literal["value", "links"]
 
 class Endorsed(NamedTuple):
     """An ``x-endorsed`` argument: its name, what is judged (``value``: the whole value;
-    ``links``: every URL, host name and e-mail address in its text), and the kind of known
-    values that endorse it (``x-endorsed-kind``, default ``<tool>.<argument>``)."""
+    ``links``: every URL, host name and e-mail address in its text), the kind of known
+    values that endorse it (``x-endorsed-kind``, default ``<tool>.<argument>``), and
+    whether it is a list whose items are judged each on its own (``many``)."""
 
     argument: str
     mode: EndorsedMode
     kind: str
+    many: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,10 @@ class Tool:
     """Every property name ``parameters`` declares, at any depth: keys provenance does not
     judge (``app.runs.provenance.candidates``)."""
     result: ResultSpec
+    """As the catalog wrote it; ``trusted`` is its ``trusted``, compiled."""
+    trusted: tuple[FieldPath, ...]
+    """Where the values are that endorse later calls in a run (``app.catalog.trusted``):
+    ``WHOLE`` for ``trusted: true``, ``()`` for an untrusted tool (every mutation)."""
 
 
 @dataclass(frozen=True)

@@ -103,10 +103,12 @@ class ResultSpec(_Spec):
     true."""
     redact: list[str] = Field(default_factory=list)
     """Dotted paths whose values are replaced by "[redacted]"."""
-    trusted: bool = False
-    """The result is data only the user or their tenant can write (their contacts, saved
-    payees), never data outsiders can write: in a run, its values endorse ``x-endorsed``
-    arguments of later calls."""
+    trusted: bool | list[str] = False
+    """Reads: what of the result only the user or their tenant can write (their contacts,
+    saved payees, a message's sender), never what outsiders can write (a message's text):
+    true for the whole result, or field paths (``sender``, ``messages[].sender``,
+    ``[].email``: ``[]`` is every item of a list). In a run, the values there endorse
+    ``x-endorsed`` arguments of later calls."""
 
 
 class ToolSpec(_Spec):
