@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from app.calls.results import minimize
 from app.catalog.loader import load
 from app.catalog.trusted import EVERY, WHOLE, FieldPath, parsed, trusted_values
 from tests.catalogs import BASE, write
@@ -207,3 +208,22 @@ def test_check_refuses_a_trusted_mutation_a_write_vouches_for_nothing(tmp_path: 
     assert problem.line == line_of(text, "result: {trusted: [id]}")
     explicit = edit(BASE, old, old + "    result: {trusted: false}\n")
     assert load(write(tmp_path, explicit), {}).tools["issue_refund"].trusted == ()
+
+
+def test_a_channel_trimmed_by_its_fields_endorses_by_its_members_and_senders_only(
+    tmp_path: Path,
+) -> None:
+    """The chat example of docs/catalog.md: the paths check accepts are the ones trimming
+    keeps, and of the trimmed result only what outsiders cannot write is trusted."""
+    text = with_result(
+        "{fields: [name, members, messages.sender, messages.text],"
+        " trusted: [members, 'messages[].sender']}"
+    )
+    tool = load(write(tmp_path, text), {}).tools["get_order"]
+    shown = minimize(CHANNEL, tool.result.fields, tool.result.redact)
+    assert trusted_values(shown, tool.trusted) == [
+        "ann@acme.example",
+        "bob@acme.example",
+        "ann@acme.example",
+        "bob@acme.example",
+    ]
