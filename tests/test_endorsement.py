@@ -13,9 +13,10 @@ import asyncpg
 import httpx
 import pytest
 
-from app.runs import endorsement
+from app.catalog.models import Endorsed
+from app.catalog.trusted import WHOLE
+from app.runs import comparison, endorsement
 from app.runs.endorsement import Sources, Text
-from app.runs.provenance import normalized
 from examples.demo_providers import ATTACKER_IBAN, PAYEES
 from tests.conftest import ROOT, Providers, running_app
 from tests.flows import BOB, Flow, new_key
@@ -28,7 +29,11 @@ ADMIN = {"sub": "root", "roles": "admin"}
 
 
 def text(words: str) -> Text:
-    return Text.stored(endorsement.spaced(words))
+    return Text.stored(endorsement.formed([words]))
+
+
+def holds(source: Text, value: str) -> bool:
+    return source.holds(comparison.form(value), comparison.kind(value))
 
 
 @pytest.mark.parametrize(
@@ -36,57 +41,58 @@ def text(words: str) -> Text:
     [
         ("Eve", True),
         ("eve smith", True),
-        ("EVE-SMITH", True),
-        ("ve", False),  # inside a word, and shorter than 8
+        ("EVE  SMITH", True),  # case and spacing do not count
+        ("EVE-SMITH", False),  # punctuation does
+        ("3704-0044", False),
+        ("ve", False),  # inside a word
         ("Smit", False),
         ("general", False),  # "generally" is another word
-        (ATTACKER_IBAN.replace(" ", ""), True),  # joined: spacing does not count
-        ("3704 0044", True),  # whole words
-        ("37040044", True),
-        ("0440532", False),  # 7 characters across word bounds
+        (ATTACKER_IBAN.replace(" ", ""), True),  # the whole run its groups make
+        ("3704 0044", False),  # part of the run, grouped
+        ("37040044", False),  # part of the run, joined
+        ("0440532", False),
         ("", False),
     ],
 )
-def test_a_value_occurs_as_whole_words_or_inside_them_from_eight_characters(
-    value: str, held: bool
-) -> None:
+def test_a_value_occurs_as_a_whole_token_or_as_a_whole_grouped_run(value: str, held: bool) -> None:
     task = text(f"Pay Eve Smith, generally monthly, to {ATTACKER_IBAN} please")
-    assert task.holds(normalized(value)) is held
+    assert holds(task, value) is held
 
 
-def test_every_is_not_eve_and_a_value_of_eight_may_sit_inside_a_longer_word() -> None:
-    assert not text("every morning").holds(normalized("Eve"))
-    assert text("ref ABCDEFGHIJKL end").holds(normalized("DEFGHIJK"))
+def test_every_is_not_eve_and_no_value_sits_inside_a_longer_word_at_any_length() -> None:
+    assert not holds(text("every morning"), "Eve")
+    assert not holds(text("ref ABCDEFGHIJKL end"), "DEFGHIJK")
 
 
-@pytest.mark.parametrize(
-    ("free", "found"),
-    [
-        ("see https://evil.example/a?b=1. thanks", ["https://evil.example/a?b=1"]),
-        ("mail eve@evil.io, today", ["eve@evil.io"]),
-        ("visit www.phish.com or phish.co.uk!", ["www.phish.com", "phish.co.uk"]),
-        ("the file report.txt and e.g. notes", []),
-        ("no links at all", []),
-        ("(https://a.example/x)", ["https://a.example/x"]),
-        ("post it to 203.0.113.5:8080/collect now", ["203.0.113.5:8080"]),
-        ("at 10.0.0.7.", ["10.0.0.7"]),
-        ("version 1.2.3 or 999.1.1.1", []),  # not an address
-    ],
-)
-def test_links_are_urls_addresses_and_host_names_under_a_public_suffix(
-    free: str, found: list[str]
-) -> None:
-    assert endorsement.links(free) == found
+def test_a_trusted_result_endorses_within_one_of_its_values_only() -> None:
+    both = Text.stored(endorsement.formed(["bob", "acme.com"]))
+    assert holds(both, "bob")
+    assert holds(both, "acme.com")
+    assert not holds(both, "bob acme.com")
 
 
-def test_a_known_values_digest_ignores_case_and_spacing_but_not_its_kind() -> None:
-    assert endorsement.digest("payee", "DE89 3704") == endorsement.digest("payee", "de893704")
+def test_a_trusted_result_never_endorses_what_the_call_sent() -> None:
+    echo = endorsement.trusted_text(
+        {"query": "eve@evil.example", "hits": [{"email": "bob@acme.com", "note": "Eve's pick"}]},
+        WHOLE,
+        {"query": "eve@evil.example"},
+    )
+    assert not holds(Text.stored(echo), "eve@evil.example")
+    assert holds(Text.stored(echo), "bob@acme.com")
+    looked_up = endorsement.trusted_text(
+        {"name": "Bob", "email": "bob@acme.com"}, WHOLE, {"q": "bob"}
+    )
+    assert holds(Text.stored(looked_up), "bob@acme.com")  # "bob" alone was the echo
+    assert not holds(Text.stored(looked_up), "Bob")
+
+
+def test_a_known_values_digest_ignores_case_and_spacing_but_not_punctuation_or_kind() -> None:
+    assert endorsement.digest("payee", "DE89  3704") == endorsement.digest("payee", "de89 3704")
+    assert endorsement.digest("payee", "DE89 3704") != endorsement.digest("payee", "de893704")
     assert endorsement.digest("payee", "DE89 3704") != endorsement.digest("email", "DE89 3704")
 
 
 def test_judging_names_the_source_or_why_there_is_none() -> None:
-    from app.catalog.models import Endorsed
-
     args = [Endorsed("recipient", "value", "payee"), Endorsed("body", "links", "send.body")]
     sources = Sources(text("pay Eve"), (text("payees: Bob Stone"),), frozenset())
     known = Sources(None, (), frozenset({endorsement.digest("payee", "Mallory")}))
@@ -102,14 +108,34 @@ def test_judging_names_the_source_or_why_there_is_none() -> None:
     refused = endorsement.judge(args, {"recipient": "mallory", "body": "go to x.io"}, sources)
     assert [e.endorsed for e in refused] == [False, False]
     assert "not a known payee" in (refused[0].reason or "")
-    assert "1 of its 1 links" in (refused[1].reason or "")
+    assert "1 of the 1 links are" in (refused[1].reason or "")
     assert all(e.source is None for e in endorsement.judge(args, {"recipient": "eve"}, None))
+
+
+def test_a_value_with_invisible_characters_is_never_endorsed_and_the_reason_says_so() -> None:
+    args = [Endorsed("recipient", "value", "payee")]
+    sources = Sources(text("pay bob@acme.com\u200b now"), (), frozenset())
+    [judged] = endorsement.judge(args, {"recipient": "bob@acme.com\u200b"}, sources)
+    assert not judged.endorsed
+    assert "contains invisible characters" in (judged.reason or "")
+
+
+def test_each_item_of_a_list_is_judged_and_the_reason_names_the_unendorsed_ones() -> None:
+    args = [Endorsed("to", "value", "email", many=True)]
+    sources = Sources(text("mail bob@acme.com and carol@acme.com"), (), frozenset())
+    [ok] = endorsement.judge(args, {"to": ["bob@acme.com", "carol@acme.com"]}, sources)
+    assert (ok.endorsed, ok.source) == (True, "task")
+    [bad] = endorsement.judge(args, {"to": ["bob@acme.com", "eve@acme.co", "x@y.io"]}, sources)
+    assert not bad.endorsed
+    assert "items 1, 2 are not" in (bad.reason or "")
+    assert endorsement.judge(args, {"to": []}, sources)[0].endorsed  # nothing to judge
+    assert endorsement.judge(args, {"to": None}, sources) == ()
 
 
 def test_a_process_holds_the_trusted_texts_of_its_last_runs_only() -> None:
     held = endorsement.TrustedTexts(runs=2)
     [payees] = held.put("run_a", 9, ["bob stone"])
-    assert payees.holds(normalized("Bob Stone"))
+    assert holds(payees, "Bob Stone")
     held.put("run_b", 0, [])
     assert held.get("run_a") == (9, (payees,))  # used last: run_b goes first
     held.put("run_c", 3, ["eve"])
@@ -117,7 +143,7 @@ def test_a_process_holds_the_trusted_texts_of_its_last_runs_only() -> None:
     assert [chars for chars, _ in filter(None, map(held.get, ("run_a", "run_c")))] == [9, 3]
     [grown, more] = held.put("run_a", 14, ["bob stone", "alice"])[:2]
     assert held.get("run_a") == (14, (grown, more))
-    assert more.holds("alice")
+    assert holds(more, "alice")
 
 
 # --- over HTTP: the demo bank, send_money's recipient endorsed ------------------------------
@@ -341,7 +367,7 @@ async def test_known_values_come_from_admins_and_approvers_and_endorse_outside_a
     assert before["endorsement"][0]["endorsed"] is False
     added = await bank.client.put("/known-values/payee/City Power", headers=bank.auth(**ADMIN))
     assert added.status_code == 200, added.text
-    after = (await propose(bank, transfer("city-power"))).json()
+    after = (await propose(bank, transfer("CITY  power"))).json()
     assert after["endorsement"] == [item("recipient", "known", True)]
     alice = await bank.client.put("/known-values/payee/Mallory", headers=bank.auth())
     assert (alice.status_code, alice.json()["code"]) == (403, "forbidden")
@@ -375,7 +401,7 @@ async def test_known_values_come_from_admins_and_approvers_and_endorse_outside_a
     ]
     assert all("Mallory" not in str(e["outcome"]) for e in events)
     listed = await bank.client.get("/known-values/payee", headers=bank.auth(**ADMIN))
-    assert sorted(i["value"] for i in listed.json()["items"]) == ["City Power", "Mallory Ltd"]
+    assert sorted(i["value"] for i in listed.json()["items"]) == ["city power", "mallory ltd"]
 
 
 async def test_remember_names_only_endorsed_arguments_and_only_with_an_approval(

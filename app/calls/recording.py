@@ -257,7 +257,7 @@ def run_outcome(
         call_id,
         status,
         result,
-        trusted=call.tool.result.trusted,
+        trusted=call.tool.trusted,
         arguments=call.arguments,
         counted=counted,
     )

@@ -6,85 +6,62 @@ opposite question, which no transformation escapes: an ``x-endorsed`` argument's
 endorsed only when it
 
 1. occurs in the run's ``task`` (the human's own words),
-2. occurs in a result returned earlier in the run by a tool whose results are ``trusted``
-   (data only the user or their tenant can write), or
-3. is a **known value** of the tenant for the argument's kind (added by an approver or an
-   admin, never by a model).
+2. occurs in one value of a result returned earlier in the run by a tool whose results (or
+   the fields of them) are ``trusted``: data only the user or their tenant can write, and
+   never what the call itself sent (a search that echoes its query vouches for nothing), or
+3. is a **known value** for the argument's kind (added by an approver or an admin, never by
+   a model), of the tenant or of the caller alone.
 
-Values are compared in the form provenance compares them (``provenance.normalized``: case,
-accents, spacing and punctuation do not count). "Occurs in" must not endorse by accident, so
-a value must match whole words of the text (``Eve`` is not endorsed by "every", nor
-``general`` by "generally"); a value of ``provenance.WINDOW`` characters or more may also
-match inside longer words (an IBAN written without its spaces). A known value must be the
-value exactly (in that form). A value several sources hold is named by the first that
-holds it, cheapest first: the task, the known values, the trusted results.
+Values are compared exactly (``comparison``): only the same value endorses, never one that
+folds to the same letters, and only as a whole token. A value with invisible characters, or
+whose host has no ASCII form, is never endorsed, and its reason says why. A value several
+sources hold is named by the first that holds it, cheapest first: the task, the known
+values, the trusted results. An array argument is endorsed when each of its items is.
 
-``x-endorsed: links`` judges free text: every URL, e-mail address and host name found in it
-must be endorsed on its own (host names are those under a public suffix, so ``report.txt``
-is a file, not a host); the rest of the text is not judged.
+``x-endorsed: links`` judges free text: every URL, e-mail address, host name and IP address
+found in it (``comparison.links``) must be endorsed on its own; the rest of the text is not
+judged.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
-import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 from typing import Any, Literal, NamedTuple
-
-from publicsuffixlist import PublicSuffixList
 
 from app import evidence
 from app.catalog.models import Endorsed
-from app.runs.provenance import WINDOW, normalized, words
+from app.catalog.trusted import WHOLE, FieldPath, trusted_values
+from app.runs import comparison, provenance
+from app.runs.comparison import Kind
+from app.runs.provenance import strings
 
 Source = Literal["task", "trusted_result", "known"]
 MAX_TRUSTED_CHARS = 262_144
-"""How much of its trusted results a run keeps to endorse values by (their words). Past it,
+"""How much of its trusted results a run keeps to endorse values by (their values' forms).
+Past it,
 later trusted results endorse nothing: a value they alone hold needs an approval."""
 SOURCES: tuple[Source, ...] = ("task", "trusted_result", "known")
 
 
 class Text:
-    """A text's words, to find values in. Kept as they are stored (separated by single
-    spaces, ``spaced``), so that taking in a run's trusted results (a quarter of a megabyte)
-    costs nothing per call: a value is looked for in the joined words only when it is long
-    enough to match anywhere, and otherwise as whole words of the spaced form."""
+    """A source's text in comparison form (``comparison.form``): a task, or a trusted
+    result's values, one a line (``formed``), so no match spans two of them."""
 
-    __slots__ = ("_joined", "_padded")
+    __slots__ = ("_form",)
 
-    def __init__(self, spaced: str) -> None:
-        self._padded = f" {spaced} "
-        self._joined: str | None = None
+    def __init__(self, formed: str) -> None:
+        self._form = formed
 
     @classmethod
-    def of(cls, found: Iterable[str]) -> Text:
-        return cls(" ".join(found))
+    def stored(cls, formed: str) -> Text:
+        """A text stored in comparison form (``formed``)."""
+        return cls(formed)
 
-    @classmethod
-    def stored(cls, spaced: str) -> Text:
-        """A text stored as its words separated by single spaces (``spaced``)."""
-        return cls(spaced)
-
-    def holds(self, value: str) -> bool:
-        """Whether the normalized ``value`` occurs here: as whole words, or, when it has
-        ``WINDOW`` characters or more, anywhere."""
-        if not value:
-            return False
-        if len(value) >= WINDOW:
-            if self._joined is None:
-                self._joined = self._padded.replace(" ", "")
-            return value in self._joined
-        return _whole_words(value).search(self._padded) is not None
-
-
-@lru_cache(maxsize=1024)
-def _whole_words(value: str) -> re.Pattern[str]:
-    """``value`` as one or more whole words of a spaced text (padded with a space at each
-    end): a word boundary may fall between any two of its characters."""
-    return re.compile(" " + " ?".join(map(re.escape, value)) + " ")
+    def holds(self, value: str, kind: Kind) -> bool:
+        """Whether the value whose form is ``value`` occurs here (``comparison.occurs``)."""
+        return comparison.occurs(value, kind, self._form)
 
 
 class TrustedTexts:
@@ -115,9 +92,61 @@ class TrustedTexts:
         return texts
 
 
-def spaced(text: str) -> str:
-    """How a text is stored to be judged against later (``Text.stored``)."""
-    return " ".join(words(text))
+def formed(values: Iterable[str]) -> str:
+    """How texts are stored to be judged against later (``Text.stored``): each in
+    comparison form, one a line (a form never holds a line break)."""
+    return "\n".join(map(comparison.form, values))
+
+
+class Told(NamedTuple):
+    """What one result tells its run of its strings (``told``)."""
+
+    vouched: str | None
+    """What its trusted fields vouch for, stored (``formed``); ``None``: nothing."""
+    windows: set[int] | None
+    """The windows of its other strings, which taint; ``None``: more than a run keeps."""
+
+
+def told(result: Any, trusted: tuple[FieldPath, ...], arguments: Any, succeeded: bool) -> Told:
+    """What a result tells its run: the values at its tool's ``trusted`` fields, when it
+    succeeded, endorse later values (``trusted_text``); every other string taints later
+    arguments by its windows (``provenance.remembered``; not those that only echo the
+    call's own ``arguments``). A refusal is never trusted: ``trusted`` vouches for the
+    tool's data, while a provider's error text may quote anything, an outsider's included."""
+    if result is None:
+        return Told(None, set())
+    vouched = trusted_text(result, trusted, arguments) or None if trusted and succeeded else None
+    if trusted == WHOLE and succeeded:
+        return Told(vouched, set())
+    vouching = trusted_values(result, trusted) if succeeded else []
+    return Told(
+        vouched, provenance.remembered(result, provenance.MAX_WINDOWS, [arguments, vouching])
+    )
+
+
+def trusted_text(result: Any, trusted: tuple[FieldPath, ...], arguments: Any) -> str:
+    """What a trusted result vouches for, stored (``formed``): each value at its trusted
+    fields, except those that hold, as a whole token, a value the call itself sent (a
+    search that echoes its query vouches for nothing). Empty: nothing."""
+    sent = [(comparison.form(s), comparison.kind(s)) for s in _values(arguments)]
+    kept = []
+    for value in trusted_values(result, trusted):
+        text = comparison.form(value)
+        if text and not any(comparison.occurs(v, k, text) for v, k in sent):
+            kept.append(text)
+    return "\n".join(kept)
+
+
+def _values(arguments: Any) -> Iterable[str]:
+    """The strings and numbers of the call's arguments (object keys are the catalog's)."""
+    if isinstance(arguments, Mapping):
+        for item in arguments.values():
+            yield from _values(item)
+    elif isinstance(arguments, list):
+        for item in arguments:
+            yield from _values(item)
+    else:
+        yield from strings(arguments)
 
 
 class Sources(NamedTuple):
@@ -128,7 +157,7 @@ class Sources(NamedTuple):
     trusted: tuple[Text, ...]
     """Trusted results returned earlier in the run."""
     known: frozenset[str]
-    """The digests (``digest``) of the candidates that are known values of the tenant."""
+    """The digests (``digest``) of the candidates that are known values for the caller."""
 
 
 class Endorsement(NamedTuple):
@@ -136,8 +165,8 @@ class Endorsement(NamedTuple):
 
     argument: str
     source: Source | None
-    """What endorses it (for ``links``, what endorses its first link); ``None``: not
-    endorsed, or nothing in its text needed endorsing (``endorsed`` tells)."""
+    """What endorses it (for ``links`` or a list, what endorses its first item); ``None``:
+    not endorsed, or nothing in it needed endorsing (``endorsed`` tells)."""
     endorsed: bool
     reason: str | None = None
     """Why it is not endorsed, in words an approver reads; never a value."""
@@ -154,80 +183,54 @@ class Endorsement(NamedTuple):
 
 
 def digest(kind: str, value: str) -> str:
-    """A known value's key: its kind and normalized form, hashed, so a sensitive value (a
+    """A known value's key: its kind and comparison form, hashed, so a sensitive value (a
     password) is stored and looked up without being kept."""
-    material = f"{kind}\0{normalized(value)}".encode()
+    material = f"{kind}\0{comparison.form(value)}".encode()
     return "sha256:" + hashlib.sha256(material).hexdigest()
 
 
-_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s<>\"'`]+", re.IGNORECASE)
-_EMAIL = re.compile(r"[a-z0-9!#$%&'*+/=?^_`{|}~.-]+@(?:[a-z0-9-]+\.)+[a-z0-9-]{2,}", re.IGNORECASE)
-_HOST = re.compile(
-    r"(?<![\w@.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{2,63}(?![\w-])",
-    re.IGNORECASE,
-)
-_IPV4 = re.compile(r"(?<![\w.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?::[0-9]{1,5})?(?![\w.]?\w)")
-"""An IPv4 address written out (a port may follow): a host as much as a name is."""
-_TRAILING = ".,;:!?)]}>'\""
-_SUFFIXES = PublicSuffixList(accept_unknown=False)
+class _Item(NamedTuple):
+    """One value to judge: a whole value, a list's item or a link of a text."""
+
+    form: str | None
+    kind: Kind
+    flaw: str | None
 
 
-def links(text: str) -> list[str]:
-    """The URLs, e-mail addresses and hosts in ``text``, in order: a URL whole (its
-    trailing punctuation aside), an address whole, and an IPv4 address or a host name (under
-    a public suffix) that is part of neither."""
-    found: list[tuple[int, str]] = []
-    taken: list[tuple[int, int]] = []
-    for pattern in (_URL, _EMAIL):
-        for match in pattern.finditer(text):
-            start = match.start()
-            if any(s <= start < e for s, e in taken):
-                continue
-            item = match.group().rstrip(_TRAILING)
-            taken.append((start, start + len(item)))
-            found.append((start, item))
-    for match in _IPV4.finditer(text):
-        start = match.start()
-        if any(s <= start < e for s, e in taken) or not _is_ipv4(match.group()):
+def _items(arg: Endorsed, value: Any) -> list[list[_Item]]:
+    """The argument's values to judge, by list item (one entry unless ``many``): a whole
+    value, or each link of a ``links`` text. ``null`` and booleans have nothing to judge."""
+    entries = value if arg.many and isinstance(value, list) else [value]
+    found: list[list[_Item]] = []
+    for entry in entries:
+        if entry is None or isinstance(entry, bool):
+            found.append([])
             continue
-        taken.append((start, match.end()))
-        found.append((start, match.group()))
-    for match in _HOST.finditer(text):
-        start = match.start()
-        if any(s <= start < e for s, e in taken):
+        text = entry if isinstance(entry, str) else str(entry)
+        if arg.mode == "links":
+            found.append([_Item(j.form, j.kind, j.flaw) for j in comparison.links(text)])
             continue
-        host = match.group().rstrip(".")
-        if _SUFFIXES.publicsuffix(host.lower()) is not None and "." in host:
-            found.append((start, host))
-    return [item for _, item in sorted(found)]
-
-
-def _is_ipv4(written: str) -> bool:
-    try:
-        ipaddress.IPv4Address(written.partition(":")[0])
-    except ValueError:
-        return False
-    return True
-
-
-def candidates(endorsed: Iterable[Endorsed], arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Every ``(kind, value)`` a known value could endorse for the call: the whole value of
-    a ``value`` argument, each link of a ``links`` argument. Absent or empty arguments have
-    nothing to endorse."""
-    found = []
-    for arg in endorsed:
-        for item in _items(arg, arguments.get(arg.argument)):
-            found.append((arg.kind, item))
+        flaw = comparison.flaw(text)
+        item = _Item(None, "text", flaw) if flaw else _Item(*_compared(text), None)
+        found.append([item])
     return found
 
 
-def _items(arg: Endorsed, value: Any) -> list[str]:
-    if value is None or isinstance(value, bool):
-        return []
-    text = value if isinstance(value, str) else str(value)
-    if arg.mode == "links":
-        return links(text)
-    return [text]
+def _compared(text: str) -> tuple[str, Kind]:
+    return comparison.form(text), comparison.kind(text)
+
+
+def candidates(endorsed: Iterable[Endorsed], arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every ``(kind, form)`` a known value could endorse for the call: each value of a
+    ``value`` argument (each item of a list), each link of a ``links`` argument. Absent,
+    empty and never-endorsed values have nothing to look up."""
+    return [
+        (arg.kind, item.form)
+        for arg in endorsed
+        for entry in _items(arg, arguments.get(arg.argument))
+        for item in entry
+        if item.form
+    ]
 
 
 def judge(
@@ -237,36 +240,42 @@ def judge(
     be looked up) nothing is endorsed: fail closed."""
     found = []
     for arg in endorsed:
-        if arg.argument not in arguments or arguments[arg.argument] is None:
+        if arguments.get(arg.argument) is None:
             continue
-        items = _items(arg, arguments[arg.argument])
-        endorsing = [_source(arg.kind, item, sources) for item in items]
-        if not items:
-            found.append(Endorsement(arg.argument, None, True))
-        elif None in endorsing:
-            unendorsed = endorsing.count(None)
-            found.append(Endorsement(arg.argument, None, False, _why(arg, unendorsed, len(items))))
+        entries = _items(arg, arguments[arg.argument])
+        judged = [[(i, _source(arg.kind, i, sources)) for i in entry] for entry in entries]
+        failing = [n for n, entry in enumerate(judged) if any(s is None for _, s in entry)]
+        if not failing:
+            first = next((s for entry in judged for _, s in entry), None)
+            found.append(Endorsement(arg.argument, first, True))
         else:
-            found.append(Endorsement(arg.argument, endorsing[0], True))
+            found.append(Endorsement(arg.argument, None, False, _why(arg, judged, failing)))
     return tuple(found)
 
 
-def _source(kind: str, item: str, sources: Sources | None) -> Source | None:
-    if sources is None:
+def _source(kind: str, item: _Item, sources: Sources | None) -> Source | None:
+    if sources is None or item.form is None:
         return None
-    value = normalized(item)
-    if sources.task is not None and sources.task.holds(value):
+    if sources.task is not None and sources.task.holds(item.form, item.kind):
         return "task"
-    if digest(kind, item) in sources.known:  # before the trusted texts: it costs nothing
+    if digest(kind, item.form) in sources.known:  # before the trusted texts: it costs nothing
         return "known"
-    if any(text.holds(value) for text in sources.trusted):
+    if any(text.holds(item.form, item.kind) for text in sources.trusted):
         return "trusted_result"
     return None
 
 
-def _why(arg: Endorsed, unendorsed: int, of: int) -> str:
-    what = "its value is" if arg.mode == "value" else f"{unendorsed} of its {of} links are"
-    return (
-        f"{what} not in the run's task, not from a trusted result, and not a known"
-        f" {arg.kind} of the tenant"
-    )
+def _why(arg: Endorsed, judged: list[list[tuple[_Item, Source | None]]], failing: list[int]) -> str:
+    """Why the argument is not endorsed, in words an approver reads: which of its items or
+    links are not, and what keeps one from ever being endorsed (never a value)."""
+    items = [item for n in failing for item, source in judged[n] if source is None]
+    which = f"items {', '.join(map(str, failing))}" if arg.many else "its value"
+    if arg.mode == "links":
+        of = sum(len(entry) for entry in judged)
+        whose = f" of {which}" if arg.many else ""
+        subject = f"{len(items)} of the {of} links{whose} are"
+    else:
+        subject = f"{which} {'are' if arg.many else 'is'}"
+    flaws = sorted({f"one {item.flaw}" for item in items if item.flaw})
+    why = f"{subject} not in the run's task, not from a trusted result, and not a known {arg.kind}"
+    return "; ".join([why, *flaws])

@@ -88,9 +88,9 @@ class RunRow(NamedTuple):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
-    task_words: str | None = None
-    """The task as words (``endorsement.spaced``), judged against without normalizing it
-    again on every call."""
+    task_form: str | None = None
+    """The task in comparison form (``endorsement.formed``), judged against without forming
+    it again on every call."""
     scope_tools: list[str] | None = None
     """The tools the run may call; ``None``: any."""
     scope_outside: Literal["deny", "approve"] | None = None

@@ -14,6 +14,7 @@ from typing import Any
 
 from app.auth.principal import Principal
 from app.catalog.models import Catalog
+from app.catalog.trusted import FieldPath
 from app.db import Connection, Database, Writer
 from app.errors import InvalidRequest, NotFound, RepeatedCall, RunLimitExceeded, ToolgateError
 from app.ids import new_id
@@ -50,7 +51,7 @@ async def create(db: Database, principal: Principal, body: RunBody) -> RunCreate
         max_cost=float(limits["max_cost"]),
         max_repeats=int(limits["max_repeats"]),
         max_failures=int(limits["max_failures"]),
-        task_words=endorsement.spaced(body.task) if body.task else None,
+        task_form=endorsement.formed([body.task]) if body.task else None,
         scope_tools=list(dict.fromkeys(body.scope.tools)) if body.scope else None,
         scope_outside=body.scope.outside if body.scope else None,
     )
@@ -256,23 +257,14 @@ def told(
     status: str,
     result: Any,
     *,
-    trusted: bool,
+    trusted: tuple[FieldPath, ...],
     arguments: Any,
     counted: bool = True,
 ) -> store.Told:
     """What a result tells its run (``store.telling``): if ``counted``, a failure or an empty
-    result for its counters; and its strings. A ``trusted`` tool's result, when it
-    succeeded, endorses later values by its words; any other result taints later arguments
-    by its strings' windows (not those that only echo the call's own ``arguments``). A
-    refusal is never trusted: ``trusted`` vouches for the tool's data, while a provider's
-    error text may quote anything, an outsider's input included."""
+    result for its counters; and its strings (``endorsement.told``)."""
     succeeded = status == "succeeded"
-    words: str | None = None
-    found: set[int] | None = set()
-    if result is not None and trusted and succeeded:
-        words = endorsement.spaced(" ".join(provenance.strings(result))) or None
-    elif result is not None:
-        found = provenance.remembered(result, provenance.MAX_WINDOWS, arguments)
+    vouched, found = endorsement.told(result, trusted, arguments, succeeded)
     return store.Told(
         run_id=run_id,
         fingerprint=fingerprint,
@@ -281,7 +273,7 @@ def told(
         windows=sorted(found) if found else None,
         call_id=call_id,
         overflow=found is None,
-        trusted=words,
+        trusted=vouched,
         most_windows=provenance.MAX_WINDOWS,
         most_trusted=endorsement.MAX_TRUSTED_CHARS,
     )
