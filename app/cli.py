@@ -333,13 +333,48 @@ def _store(settings: Settings, *, migrated: bool) -> Iterator[Settings]:
 
 
 async def _migrate(settings: Settings, progress: Report) -> list[str]:
+    """The pending migrations, then the known values brought under the current key (when
+    one is set: without it, known values are off and stay as they are)."""
     from app.db import migrate
     from app.errors import Unavailable
 
+    url = settings.check_database()
     try:
-        return await migrate(settings.check_database(), progress)
+        applied = await migrate(url, progress)
+        if settings.known_values_keys:
+            await _rekey(url, settings.known_values_keys)
     except Unavailable as exc:
         raise ConfigError(exc.detail) from None
+    return applied
+
+
+async def _rekey(url: str, keys: tuple[bytes, ...]) -> None:
+    """Known values digested under the current key; what could not be, told."""
+    from app.db import Database
+    from app.known.service import rekey
+
+    db = Database(url)
+    await db.open(min_size=1, max_size=1)
+    try:
+        done = await rekey(db, keys)
+    finally:
+        await db.close()
+    if done.redigested:
+        print(f"known values: {done.redigested} digested under the current key", file=sys.stderr)
+    if done.kept:
+        print(
+            f"known values: {done.kept} sensitive ones endorse under the previous key until"
+            " entered again (keep TOOLGATE_KNOWN_VALUES_PREVIOUS_KEY until then)",
+            file=sys.stderr,
+        )
+    for row in done.removed:
+        whose = f"user {row.user_sub!r}" if row.user_sub else "the tenant"
+        print(
+            f"known values: removed a sensitive {row.kind!r} of tenant {row.tenant!r} for"
+            f" {whose}, added by {row.added_by!r}: its digest is under no configured key and"
+            " its value was never kept; enter it again to have it endorse",
+            file=sys.stderr,
+        )
 
 
 def _audit_keygen(out: Path) -> int:
@@ -547,7 +582,7 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
 
     from app.audit import checkpoints, sealer
     from app.catalog.loader import CatalogError
-    from app.demo import DEMO_SECRET
+    from app.demo import DEMO_KNOWN_VALUES_KEY, DEMO_SECRET
     from app.errors import Unavailable
     from app.logs import log_config
     from app.main import close_state, open_state
@@ -564,6 +599,16 @@ def _serve(settings: Settings, host: str, port: int, workers: int) -> int:
         log.warning(
             "TOOLGATE_JWT_SECRET is the published demo secret: anyone can sign a token for"
             " any user, tenant and role; set a secret of your own outside the demo"
+        )
+    if not settings.known_values_keys:
+        log.warning(
+            "TOOLGATE_KNOWN_VALUES_KEY is not set: known values are off (none endorses, none"
+            " can be added); set it, then run `toolgate migrate`"
+        )
+    elif settings.known_values_keys[0] == DEMO_KNOWN_VALUES_KEY.encode():
+        log.warning(
+            "TOOLGATE_KNOWN_VALUES_KEY is the published demo key: known values' digests can"
+            " be reversed by anyone; set a key of your own outside the demo"
         )
     try:
         checkpoints.signing_key(settings)

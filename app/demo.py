@@ -8,7 +8,9 @@ stops on the way out like any owner. The JWT secret is ``TOOLGATE_JWT_SECRET`` w
 else the fixed, published ``DEMO_SECRET``: only the demo ever falls back to it (``serve``
 refuses to start without a key), and ``toolgate token`` mints with it when no key at all
 is configured, so tokens minted beside a demo are accepted by it. With that secret the
-demo listens on loopback only (``check_reach``).
+demo listens on loopback only (``check_reach``). Known values are digested under
+``TOOLGATE_KNOWN_VALUES_KEY`` when set, else under the published ``DEMO_KNOWN_VALUES_KEY``
+(``serve`` without one runs with known values off, and warns).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from app.auth.tokens import mint
 from app.settings import ConfigError, Settings, loopback
 
 DEMO_SECRET = "demo-only-secret-change-me-0123456789abcdef"
+DEMO_KNOWN_VALUES_KEY = "demo-only-known-values-key-change-me-0123456789"
 CATALOG = Path(__file__).resolve().parent / "catalog" / "demo.yaml"
 PROVIDERS_URL = "http://127.0.0.1:9100"
 TOKEN_TTL_S = 12 * 3600
@@ -34,10 +37,13 @@ USERS = (  # (variable, sub, tenant, roles): the demo providers' users, and an a
 
 
 def prepare(env: MutableMapping[str, str]) -> tuple[str, int]:
-    """Set the demo's defaults in ``env`` (the catalog always, the secret and the providers'
-    URL unless given); the providers' host and port. ``DEMO_SECRET`` is an HS256 key, as
-    ``toolgate token`` signs with it: too short for HS384/HS512, and no key for others."""
+    """Set the demo's defaults in ``env`` (the catalog always, the secret, the known values'
+    key and the providers' URL unless given); the providers' host and port. ``DEMO_SECRET``
+    is an HS256 key, as ``toolgate token`` signs with it: too short for HS384/HS512, and no
+    key for others."""
     env["TOOLGATE_CATALOG"] = str(CATALOG)
+    if not env.get("TOOLGATE_KNOWN_VALUES_KEY", "").strip():
+        env["TOOLGATE_KNOWN_VALUES_KEY"] = DEMO_KNOWN_VALUES_KEY
     if not env.get("TOOLGATE_JWT_SECRET", "").strip():
         env["TOOLGATE_JWT_SECRET"] = DEMO_SECRET
         env["TOOLGATE_JWT_ALGORITHMS"] = "HS256"

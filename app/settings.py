@@ -22,6 +22,8 @@ MAX_DAYS = 36500
 """A hundred years of retention: ``now`` minus it stays a date Python can hold."""
 MAX_TTL_S = 10 * 365 * 86400
 """Ten years: far beyond any retry, and ``now`` plus it stays a date Python can hold."""
+MIN_KNOWN_VALUES_KEY_BYTES = 32
+"""An HMAC-SHA256 key as long as its hash."""
 
 
 class ConfigError(Exception):
@@ -70,6 +72,10 @@ class Settings:
     with ``oidc_client_id``); its ID tokens are verified like any token."""
     oidc_client_id: str | None = None
     """The console's client id at ``oidc_issuer`` (a public client: no secret)."""
+    known_values_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    """The keys known values are digested under: ``TOOLGATE_KNOWN_VALUES_KEY``, then
+    ``TOOLGATE_KNOWN_VALUES_PREVIOUS_KEY`` while a rotation lasts. None: known values are
+    off (none endorses, none can be added), and ``serve`` warns."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The environment the settings came from; catalog ``${ENV}`` references resolve here."""
 
@@ -147,6 +153,9 @@ class Settings:
             public_url=_public_url(get("PUBLIC_URL")),
             oidc_issuer=oidc_issuer,
             oidc_client_id=oidc_client,
+            known_values_keys=_known_values_keys(
+                get("KNOWN_VALUES_KEY"), get("KNOWN_VALUES_PREVIOUS_KEY")
+            ),
             env=dict(env),
         )
 
@@ -342,6 +351,27 @@ def loopback(host: str | None) -> bool:
         return ipaddress.ip_address(host or "").is_loopback
     except ValueError:
         return False
+
+
+def _known_values_keys(current: str | None, previous: str | None) -> tuple[bytes, ...]:
+    """The current key, then the previous one (kept only while a rotation lasts: the digests
+    of sensitive values, whose plain form is never kept, cannot be made again under the new
+    key until someone enters them again)."""
+    if current is None:
+        if previous is not None:
+            raise ConfigError(
+                "TOOLGATE_KNOWN_VALUES_PREVIOUS_KEY is set without TOOLGATE_KNOWN_VALUES_KEY"
+            )
+        return ()
+    keys = tuple(key.encode() for key in (current, previous) if key is not None)
+    if any(len(key) < MIN_KNOWN_VALUES_KEY_BYTES for key in keys):
+        raise ConfigError(
+            "TOOLGATE_KNOWN_VALUES_KEY (and TOOLGATE_KNOWN_VALUES_PREVIOUS_KEY) must be at least"
+            f" {MIN_KNOWN_VALUES_KEY_BYTES} bytes: generate one with `openssl rand -hex 32`"
+        )
+    if len(set(keys)) != len(keys):
+        raise ConfigError("TOOLGATE_KNOWN_VALUES_PREVIOUS_KEY is the current key")
+    return keys
 
 
 def _path(value: str | None) -> Path | None:

@@ -79,7 +79,7 @@ from run import (
     token,
 )
 
-from app.runs.endorsement import digest
+from app.known.digests import digest
 
 TRANSFER = {"account_id": "acc_1", "recipient": "NL91 ABNA 0417 1643 00", "amount": 1.0}
 TASK = "Pay the rent to Landlord GmbH."
@@ -272,12 +272,13 @@ def endorsed_catalog(directory: Path) -> None:
         bank.write(tools)
 
 
-async def remember_known_values(database_url: str) -> None:
-    """``KNOWN_VALUES`` known payees of acme, as an admin's PUTs would store them."""
+async def remember_known_values(database_url: str, key: str) -> None:
+    """``KNOWN_VALUES`` known payees of acme, as an admin's PUTs would store them (digested
+    under the server's ``key``)."""
     conn = await asyncpg.connect(database_url)
     try:
         rows = [
-            ("acme", "payee", digest("payee", value), value, "bench")
+            ("acme", "payee", digest(key.encode(), "payee", value), value, "bench")
             for value in (f"known-payee-{n:05d}" for n in range(KNOWN_VALUES))
         ]
         await conn.copy_records_to_table(
@@ -374,6 +375,7 @@ def main() -> int:
         "TOOLGATE_REDIS_URL": ns.redis,
         "TOOLGATE_REDIS_PREFIX": prefix,
         "TOOLGATE_JWT_SECRET": secret,
+        "TOOLGATE_KNOWN_VALUES_KEY": secrets.token_hex(32),
         "TOOLGATE_CATALOG": str(catalog),
         "DEMO_PROVIDERS_URL": f"http://{HOST}:{provider_port}",
     }
@@ -390,7 +392,11 @@ def main() -> int:
                 wait_ready(server, f"http://{HOST}:{port}/readyz", timeout_s=60)
                 url = f"http://{HOST}:{port}"
                 if ns.endorsement:
-                    asyncio.run(remember_known_values(env["TOOLGATE_DATABASE_URL"]))
+                    asyncio.run(
+                        remember_known_values(
+                            env["TOOLGATE_DATABASE_URL"], env["TOOLGATE_KNOWN_VALUES_KEY"]
+                        )
+                    )
                     measured = endorsement_scenarios(url, token(secret), ns, server.pid)
                 else:
                     measured = scenarios(url, token(secret), ns, server.pid)

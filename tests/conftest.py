@@ -52,6 +52,7 @@ from tests.flows import Auth, Flow
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-" + "x" * 32
+KNOWN_VALUES_KEY = "test-known-values-key-" + "k" * 32
 RUN = secrets.token_hex(4) + "_" + os.environ.get("PYTEST_XDIST_WORKER", "main")
 """Names this run's databases and Redis keys; a worker of pytest-xdist is a run of its own."""
 REDIS_PREFIX = f"toolgate-test-{RUN}:"
@@ -208,6 +209,7 @@ def make_env(database_url: str, redis_url: str, providers_url: str, **extra: str
         "TOOLGATE_REDIS_URL": redis_url,
         "TOOLGATE_REDIS_PREFIX": REDIS_PREFIX,
         "TOOLGATE_JWT_SECRET": SECRET,
+        "TOOLGATE_KNOWN_VALUES_KEY": KNOWN_VALUES_KEY,
         "DEMO_PROVIDERS_URL": providers_url,
         **extra,
     }

@@ -137,3 +137,14 @@ def test_a_quorum_counts_approvers_who_agree_on_the_same_binding_and_are_live() 
         rules.quorate(bob, [bob, carl, approval(id="apr_3", decision="reject")], 2, NOW)
     with pytest.raises(ApprovalConsumed):  # another execution used them after bob's was read
         rules.quorate(bob, used, 2, NOW)
+
+
+def test_a_quorum_vouches_only_for_what_all_its_approvers_asked_and_an_actor_only_for_self() -> (
+    None
+):
+    bob = approval(remember=["recipient", "message"])
+    fiona = approval(id="apr_2", approver="fiona", remember=["message"], expires_at=NOW)
+    assert rules.vouched([bob, fiona]) == rules.Vouched(["message"], None, NOW)
+    assert rules.vouched([bob, fiona._replace(remember=None)]).arguments == []
+    own = rules.vouched([approval(approver="alice", remember=["recipient"])])
+    assert (own.arguments, own.user) == (["recipient"], "alice")

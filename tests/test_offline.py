@@ -359,3 +359,37 @@ def owners() -> dict[str, dict[str, dict[str, str | None]]]:
         "service": {s[0]: {"tenant": s[1], "user": None} for s in SERVICES},
         "account": {a[0]: {"tenant": a[1], "user": a[2]} for a in ACCOUNTS},
     }
+
+
+def test_a_known_value_of_one_users_own_endorses_only_their_calls(
+    tmp_path: Path, catalog_dir: Path
+) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "demo.yaml").write_text((catalog_dir / "demo.yaml").read_text())
+    (catalog / "bank.yaml").write_text(ENDORSED.replace("MODE", "deny"))
+    gym = pay("Gym Ltd")
+    document = {
+        "catalog": str(catalog),
+        "principals": {
+            name: {"tenant": "acme", "roles": ["support"]} for name in ("alice", "carl")
+        },
+        "owners": owners(),
+        "known": {"acme": {"payee": ["City Power", {"value": "Gym Ltd", "user": "alice"}]}},
+        "cases": [
+            {
+                "name": "alice's own payee",
+                "as": "alice",
+                "propose": {"tool": "send_money", "arguments": gym},
+                "expect": {"decision": "allow", "endorsement": {"recipient": "known"}},
+            },
+            {
+                "name": "not carl's",
+                "as": "carl",
+                "propose": {"tool": "send_money", "arguments": gym},
+                "expect": {"decision": "deny", "code": "unendorsed_arguments"},
+            },
+        ],
+    }
+    outcomes = offline.run_file(write(tmp_path, document))
+    assert [o.differences for o in outcomes] == [{}, {}]

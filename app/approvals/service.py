@@ -55,7 +55,7 @@ async def approve(state: Services, principal: Principal, body: ApproveBody) -> A
         raise InvalidRequest("this call does not await an approval", call_id=call.id)
     if not rules.may_approve(principal, call.actor, call.tenant, tool.approval.approvers):
         raise ApproverForbidden("you may not decide this call", call_id=call.id)
-    remembered = _remembered(tool, call, body)
+    remember = _remember(tool, call, body, state.settings.known_values_keys)
     binding = _binding(catalog.policy_version, tool, call, latest, body.snapshot_hash)
     await _check_ownership(state.providers, tool, call)
     now = datetime.now(UTC)
@@ -74,13 +74,15 @@ async def approve(state: Services, principal: Principal, body: ApproveBody) -> A
         fingerprint=binding["fingerprint"],
         snapshot_hash=binding["snapshot_hash"],
         expires_at=now + timedelta(seconds=tool.approval.ttl_s),
+        remember=remember or None,
     )
     needed = rules.quorum(tool)
     async with state.db.transaction() as conn:
         call_state = await calls.lock(conn, call.id)
         standing = await store.standing(conn, call.id)
         repeated = rules.repeated(approval, call_state in STARTED, standing, needed)
-        given = len(rules.agreeing(approval, standing if repeated else [*standing, approval], now))
+        quorum = rules.concurring(approval, standing if repeated else [*standing, approval], now)
+        given = len({a.approver for a in quorum})
         if repeated is None:
             moves_to: CallState | None = (
                 "rejected"
@@ -89,13 +91,11 @@ async def approve(state: Services, principal: Principal, body: ApproveBody) -> A
                 if given >= needed
                 else None  # else: a quorum awaits others
             )
-            await _record(
-                conn, approval, call, tool, catalog.policy_version, started, remembered, moves_to
-            )
-            for kind, value, sensitive in remembered:
-                await known.remember(
-                    conn, catalog, call.tenant, kind, value, principal.sub, sensitive=sensitive
-                )
+            await _record(conn, approval, call, tool, catalog.policy_version, started, moves_to)
+            if moves_to == "approved":
+                await _vouch(conn, state.settings.known_values_keys, catalog, tool, call, quorum)
+            elif moves_to == "rejected":
+                await known.withdraw(conn, call.tenant, call.id, principal.sub)
             decided = "approved" if approval.decision == "approve" else "rejected"
             data = webhooks.call_data(
                 call.id, call.tool, call.tenant, call.actor, call.run_id, decided
@@ -117,7 +117,6 @@ async def _record(
     tool: Tool,
     policy_version: str,
     started: float,
-    remembered: list[tuple[str, str, bool]],
     moves_to: CallState | None,
 ) -> None:
     """Store the decision, move the call (unless it still awaits approvals of a quorum),
@@ -151,34 +150,61 @@ async def _record(
                 "policy_version": policy_version,
             },
             total_ms=(time.perf_counter() - started) * 1000,
-            outcome={"remembered": sorted({kind for kind, _, _ in remembered})}
-            if remembered
-            else None,
+            outcome={"remember": approval.remember} if approval.remember else None,
         ),
     )
 
 
-def _remembered(tool: Tool, call: CallRow, body: ApproveBody) -> list[tuple[str, str, bool]]:
-    """The known values ``remember`` asks for: ``(kind, value, sensitive)`` of each named
-    ``x-endorsed`` argument's value (each link, for ``links``). Only an approval vouches,
-    and only for the tool's ``x-endorsed`` arguments."""
+def _remember(tool: Tool, call: CallRow, body: ApproveBody, keys: tuple[bytes, ...]) -> list[str]:
+    """The ``x-endorsed`` arguments the approver asks to remember, each once. Only an
+    approval vouches, only for the tool's ``x-endorsed`` arguments, and never for a
+    sensitive one: a password is not a value to endorse other calls by."""
     if not body.remember:
         return []
     if body.decision != "approve":
         raise InvalidRequest("remember vouches for values: only an approval does", call_id=call.id)
-    endorsed = {arg.argument: arg for arg in tool.endorsed_args}
-    unknown = sorted(set(body.remember) - set(endorsed))
+    endorsed = {arg.argument for arg in tool.endorsed_args}
+    unknown = sorted(set(body.remember) - endorsed)
     if unknown:
         raise InvalidRequest(
             "remember names arguments that are not x-endorsed: " + ", ".join(unknown),
             call_id=call.id,
         )
-    arguments = call.arguments or {}
-    return [
-        (kind, value, arg.argument in tool.sensitive_args)
-        for arg in (endorsed[name] for name in dict.fromkeys(body.remember))
-        for kind, value in endorsement.candidates([arg], arguments)
-    ]
+    sensitive = sorted(set(body.remember) & set(tool.sensitive_args))
+    if sensitive:
+        raise InvalidRequest(
+            "remember names sensitive arguments, which are never remembered: "
+            + ", ".join(sensitive),
+            call_id=call.id,
+        )
+    known.keyed(keys)
+    return list(dict.fromkeys(body.remember))
+
+
+async def _vouch(
+    conn: Connection,
+    keys: tuple[bytes, ...],
+    catalog: Catalog,
+    tool: Tool,
+    call: CallRow,
+    quorum: list[ApprovalRow],
+) -> None:
+    """The approval completing the quorum: remember what every approver of it asked to
+    remember, for as long as the approvals could run the call (and for good once it has)."""
+    vouched = rules.vouched(quorum)
+    if not vouched.arguments:
+        return
+    by_name = {arg.argument: arg for arg in tool.endorsed_args}
+    values = endorsement.candidates([by_name[a] for a in vouched.arguments], call.arguments or {})
+    vouch = known.Vouch(
+        tenant=call.tenant,
+        by=quorum[-1].approver,  # the approval completing the quorum, read last
+        user=vouched.user,
+        call_id=call.id,
+        until=vouched.until,
+        approvers=tuple(a.approver for a in quorum),
+    )
+    await known.remember(conn, keys, catalog, vouch, values)
 
 
 def _answer(approval: ApprovalRow) -> ApprovalAnswer:

@@ -23,6 +23,7 @@ Event = Literal[
     "expired",
     "remembered",
     "forgotten",
+    "withdrawn",
 ]
 
 

@@ -20,6 +20,7 @@ from app.catalog.models import Owner
 from app.consent import store as approvals
 from app.db import Database
 from app.errors import NotFound, ToolgateError, UnknownTool
+from app.known import digests
 from app.known import store as known_values
 from app.providers import ProviderClient
 from app.runs import endorsement
@@ -105,7 +106,9 @@ async def facts_of(state: Services, call: PreparedCall, request: Request) -> Fac
             for (arg, _), host in zip(call.egress, hosts, strict=True)
         },
         recall=await recall_of(state.db, call, run_id),
-        sources=await sources_of(state.db, state.trusted, call, request),
+        sources=await sources_of(
+            state.db, state.trusted, state.settings.known_values_keys, call, request
+        ),
         scope=scope_of(request.run),
     )
 
@@ -118,13 +121,18 @@ def scope_of(run: RunRow | None) -> policy.Scope | None:
 
 
 async def sources_of(
-    db: Database, trusted_texts: TrustedTexts, call: PreparedCall, request: Request
+    db: Database,
+    trusted_texts: TrustedTexts,
+    keys: tuple[bytes, ...],
+    call: PreparedCall,
+    request: Request,
 ) -> endorsement.Sources | None:
     """What can endorse the call's ``x-endorsed`` arguments: its run's task and the trusted
     results the run was given (held by this process while they stay the same), and which of
-    its values are known values of the tenant (one statement). Nothing to ask for a tool
-    without such arguments. A database that cannot answer fails the request (503), never
-    endorses."""
+    its values are known values of the tenant, or the caller's own (one statement, by their
+    digests under ``keys``: none, and known values endorse nothing). Nothing to ask for a
+    tool without such arguments. A database that cannot answer fails the request (503),
+    never endorses."""
     endorsed = call.tool.endorsed_args
     if not endorsed:
         return None
@@ -132,16 +140,26 @@ async def sources_of(
     task = None
     if run is not None and run.task:
         task = endorsement.Text.stored(run.task_words or endorsement.spaced(run.task))
-    digests = [
-        endorsement.digest(k, v) for k, v in endorsement.candidates(endorsed, call.arguments)
-    ]
-    if not digests:
+    candidates = endorsement.candidates(endorsed, call.arguments)
+    if not candidates:
         return endorsement.Sources(task, (), frozenset())
+    keyed = [digests.lookups(keys, k, v) for k, v in candidates]
     held = trusted_texts.get(run.id) if run is not None else None
+    principal = request.principal
     async with db.connection() as conn:
-        chars, stored, known = await known_values.sources(
-            conn, request.principal.tenant, request.run_id, digests, held[0] if held else -1
+        chars, stored, found = await known_values.sources(
+            conn,
+            principal.tenant,
+            principal.sub,
+            request.run_id,
+            [d for ds in keyed for d in ds],
+            held[0] if held else -1,
         )
+    known = frozenset(  # as ``endorsement`` names them: its digests are never stored
+        endorsement.digest(k, v)
+        for (k, v), ds in zip(candidates, keyed, strict=True)
+        if found.intersection(ds)
+    )
     trusted = held[1] if held else ()  # unless the run keeps more than this process holds
     if stored is not None and run is not None:
         trusted = trusted_texts.put(run.id, chars, stored)

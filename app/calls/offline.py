@@ -97,14 +97,22 @@ class Case(_Strict):
     expect: Expect
 
 
+class KnownSpec(_Strict):
+    """A known value of scope ``user``: it endorses only calls made as ``user``."""
+
+    value: str
+    user: str
+
+
 class TestFile(_Strict):
     catalog: str
     """The catalog file or directory, relative to the test file."""
     principals: dict[str, PrincipalSpec]
     owners: dict[str, dict[str, OwnerSpec]] = {}
     """Resource type → id → owner; a resource not named here does not exist."""
-    known: dict[str, dict[str, list[str]]] = {}
-    """Tenant → kind → its known values."""
+    known: dict[str, dict[str, list[str | KnownSpec]]] = {}
+    """Tenant → kind → its known values: a value alone is the tenant's, ``{value, user}``
+    that user's own (scope ``user``)."""
     addresses: dict[str, list[str]] = {}
     """Host name → the addresses it resolves to; a host not named here does not resolve."""
     cases: list[Case] = Field(min_length=1)
@@ -220,7 +228,7 @@ def facts(
         owners=owners,
         addresses=addresses,
         recall=_recall(catalog, run, call),
-        sources=_sources(catalog, spec, run, call, principal.tenant),
+        sources=_sources(catalog, spec, run, call, principal),
         scope=policy.Scope(frozenset(run.scope.tools), run.scope.outside)
         if run is not None and run.scope is not None
         else None,
@@ -260,7 +268,7 @@ def _recall(catalog: Catalog, run: RunSpec | None, call: PreparedCall) -> proven
 
 
 def _sources(
-    catalog: Catalog, spec: TestFile, run: RunSpec | None, call: PreparedCall, tenant: str
+    catalog: Catalog, spec: TestFile, run: RunSpec | None, call: PreparedCall, caller: Principal
 ) -> Sources | None:
     endorsed = call.tool.endorsed_args
     if not endorsed:
@@ -274,9 +282,10 @@ def _sources(
             trusted.append(Text.stored(text))
             kept += len(text)
     known = {
-        endorsement.digest(kind, value)
-        for kind, values in spec.known.get(tenant, {}).items()
+        endorsement.digest(kind, value if isinstance(value, str) else value.value)
+        for kind, values in spec.known.get(caller.tenant, {}).items()
         for value in values
+        if isinstance(value, str) or value.user == caller.sub
     }
     wanted = {endorsement.digest(k, v) for k, v in endorsement.candidates(endorsed, call.arguments)}
     return Sources(task, tuple(trusted), frozenset(known & wanted))

@@ -50,6 +50,8 @@ class ApprovalRow(NamedTuple):
     consumed_at: datetime | None = None
     created_at: datetime | None = None
     latest: bool = True
+    remember: list[str] | None = None
+    """The ``x-endorsed`` arguments the approver asked to remember (``POST /approve``)."""
 
     @property
     def binding(self) -> Binding:

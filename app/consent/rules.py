@@ -114,8 +114,15 @@ def agreeing(approval: ApprovalRow, decided: list[ApprovalRow], now: datetime) -
     """The approvers of a call's ``decided`` approvals that agree with ``approval``: bound to
     exactly what it binds, and unused and live at ``now``, or used by the same execution.
     What a quorum counts."""
-    return frozenset(
-        a.approver
+    return frozenset(a.approver for a in concurring(approval, decided, now))
+
+
+def concurring(
+    approval: ApprovalRow, decided: list[ApprovalRow], now: datetime
+) -> list[ApprovalRow]:
+    """The approvals ``agreeing`` counts."""
+    return [
+        a
         for a in decided
         if a.decision == "approve"
         and a.binding == approval.binding
@@ -124,6 +131,33 @@ def agreeing(approval: ApprovalRow, decided: list[ApprovalRow], now: datetime) -
             if approval.consumed_by is not None
             else a.consumed_by is None and a.expires_at > now
         )
+    ]
+
+
+class Vouched(NamedTuple):
+    """What the approvals that make up a call's quorum vouch for (``remember``)."""
+
+    arguments: list[str]
+    """The arguments every one of them asked to remember."""
+    user: str | None
+    """The call's actor when one of them is the actor (scope ``user``: the values endorse
+    only the actor's own later calls); ``None``: the tenant's (scope ``tenant``)."""
+    until: datetime
+    """When the first of them lapses: their call can run no later, unless it has started."""
+
+
+def vouched(quorum: list[ApprovalRow]) -> Vouched:
+    """What a call's full ``quorum`` of approvals (one or more) vouches for. Only every
+    approver together makes a value known, as only all of them together let the call run:
+    one approver's ``remember`` is not the quorum's. A user who approves their own call
+    (``actor`` among the approvers) vouches for themselves only, never for the tenant."""
+    first, *others = quorum
+    return Vouched(
+        arguments=[
+            name for name in first.remember or [] if all(name in (a.remember or []) for a in others)
+        ],
+        user=next((a.actor for a in quorum if a.approver == a.actor), None),
+        until=min(a.expires_at for a in quorum),
     )
 
 

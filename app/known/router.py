@@ -26,10 +26,17 @@ Value = Annotated[str, Path(min_length=1, max_length=1000)]
 async def put_known_value(
     kind: Kind, value: Value, principal: CurrentPrincipal, state: State
 ) -> JSON:
-    """Vouch for ``value`` as a ``kind`` of the admin's tenant (a slash in it is part of it)."""
+    """Vouch for ``value`` as a ``kind`` for the admin's whole tenant (a slash in it is part
+    of it)."""
     return JSON(
         await service.put(
-            state.db, state.catalog, state.settings.admin_role, principal, kind, value
+            state.db,
+            state.settings.known_values_keys,
+            state.catalog,
+            state.settings.admin_role,
+            principal,
+            kind,
+            value,
         )
     )
 
@@ -42,7 +49,12 @@ async def put_known_value(
 async def delete_known_value(
     kind: Kind, value: Value, principal: CurrentPrincipal, state: State
 ) -> JSON:
-    return JSON(await service.delete(state.db, state.settings.admin_role, principal, kind, value))
+    settings = state.settings
+    return JSON(
+        await service.delete(
+            state.db, settings.known_values_keys, settings.admin_role, principal, kind, value
+        )
+    )
 
 
 @router.get(

@@ -502,7 +502,7 @@ function taintBox(taint) {
 const ENDORSED_BY = {
   task: "the run's task (the user's own words)",
   trusted_result: "a trusted result returned earlier in the run",
-  known: "a value the tenant vouched for (a known value)",
+  known: "a value vouched for before, by an admin or approvers (a known value)",
 };
 
 /** The arguments whose value nobody the user trusts has vouched for. */
