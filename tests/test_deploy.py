@@ -34,7 +34,12 @@ OLDEST_KUBERNETES = (1, 30)
 KUBERNETES = sorted(
     {v for v in all_versions() if tuple(map(int, v.split(".")[:2])) >= OLDEST_KUBERNETES}
 )
-SECRETS = {"TOOLGATE_JWT_SECRET", "TOOLGATE_DATABASE_URL", "TOOLGATE_REDIS_URL"}
+SECRETS = {
+    "TOOLGATE_JWT_SECRET",
+    "TOOLGATE_DATABASE_URL",
+    "TOOLGATE_REDIS_URL",
+    "TOOLGATE_KNOWN_VALUES_KEY",
+}
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
