@@ -9,8 +9,9 @@ ALTER TABLE approvals ADD COLUMN remember text[];
 -- approvals vouched for it (NULL: an admin's). until: NULL, it endorses for good; else only
 -- before then, when its call's approvals lapse. A call's approvals either run it, and the
 -- trigger below settles the values they vouched for as the call starts (and gives them
--- their deadline back if its execution is released, nothing having run), or they lapse
--- unused, and so do the values; a rejection deletes them (the use case audits it).
+-- their deadline back if its execution is released, nothing having run: the call is then
+-- approved again, or proposed if it ran without its approvals), or they lapse unused, and
+-- so do the values; a rejection deletes them (the use case audits it).
 -- Digests are keyed from now on (`hmac-sha256:`); the older plain ones (`sha256:`) match
 -- nothing, and `toolgate migrate` digests them again under the key, or removes them when
 -- the value itself was never kept.
@@ -42,7 +43,7 @@ CREATE TRIGGER calls_settle_known_values
     AFTER UPDATE OF state ON calls
     FOR EACH ROW WHEN (
         (OLD.state = 'approved' AND NEW.state = 'executing')
-        OR (OLD.state = 'executing' AND NEW.state = 'approved')
+        OR (OLD.state = 'executing' AND NEW.state IN ('approved', 'proposed'))
     )
     EXECUTE FUNCTION settle_known_values();
 

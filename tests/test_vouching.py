@@ -236,6 +236,9 @@ async def test_a_released_execution_gives_its_values_their_deadline_back(
     assert await db.fetchval("SELECT until FROM known_values") is None
     await db.execute("UPDATE calls SET state = 'approved' WHERE id = $1", call_id)
     assert await db.fetchval("SELECT until FROM known_values") == expires
+    await db.execute("UPDATE calls SET state = 'executing' WHERE id = $1", call_id)
+    await db.execute("UPDATE calls SET state = 'proposed' WHERE id = $1", call_id)
+    assert await db.fetchval("SELECT until FROM known_values") == expires  # ran unapproved
 
 
 async def test_a_sensitive_argument_is_never_remembered(
