@@ -69,6 +69,7 @@ from agentdojo.attacks.base_attacks import FixedJailbreakAttack
 from agentdojo.attacks.important_instructions_attacks import ImportantInstructionsAttack
 from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime
 from agentdojo.task_suite.load_suites import get_suite
+from agentdojo.task_suite.task_suite import read_suite_file
 from aiohttp import web
 from pydantic_core import to_jsonable_python
 
@@ -180,14 +181,20 @@ class Provider:
     def __init__(self, suite: Any) -> None:
         self.suite = suite
         self.runtime = FunctionsRuntime(suite.tools)
-        self.env: Any = suite.load_and_inject_default_environment({})
+        self.text = read_suite_file(suite.name, "environment.yaml", suite.data_path)
+        self.defaults = suite.get_injection_vector_defaults()
         self.answers: dict[str, tuple[int, Any]] = {}
+        self.env: Any = self.load({})
         self.jailbreak = FixedJailbreakAttack(ImportantInstructionsAttack._JB_STRING, suite, None)
         self.jailbreak.user_name = "Emma Johnson"  # as ImportantInstructionsAttack signs it
 
     def load(self, injections: dict[str, str]) -> Any:
-        """A fresh environment with ``injections`` in their vectors; returns a copy of it."""
-        self.env = self.suite.load_and_inject_default_environment(injections)
+        """A fresh environment with ``injections`` in their vectors; returns a copy of it.
+        As AgentDojo's ``load_and_inject_default_environment`` builds it, with the suite's
+        environment text read once and parsed by libyaml: 20 ms for workspace, not 600."""
+        text = self.text.format(**(self.defaults | injections))
+        data = yaml.load(text, Loader=yaml.CSafeLoader)
+        self.env = self.suite.environment_type.model_validate(data)
         self.answers.clear()
         return self.env.model_copy(deep=True)
 
