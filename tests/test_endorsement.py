@@ -15,6 +15,7 @@ import pytest
 
 from app.catalog.models import Endorsed
 from app.catalog.trusted import WHOLE
+from app.known import digests
 from app.runs import comparison, endorsement
 from app.runs.endorsement import Sources, Text
 from examples.demo_providers import ATTACKER_IBAN, PAYEES
@@ -86,16 +87,18 @@ def test_a_trusted_result_never_endorses_what_the_call_sent() -> None:
     assert not holds(Text.stored(looked_up), "Bob")
 
 
-def test_a_known_values_digest_ignores_case_and_spacing_but_not_punctuation_or_kind() -> None:
-    assert endorsement.digest("payee", "DE89  3704") == endorsement.digest("payee", "de89 3704")
-    assert endorsement.digest("payee", "DE89 3704") != endorsement.digest("payee", "de893704")
-    assert endorsement.digest("payee", "DE89 3704") != endorsement.digest("email", "DE89 3704")
+def test_a_known_values_digest_is_keyed_and_ignores_case_and_spacing_but_not_punctuation() -> None:
+    key, other = b"k" * 32, b"o" * 32
+    assert digests.digest(key, "payee", "DE89  3704") == digests.digest(key, "payee", "de89 3704")
+    assert digests.digest(key, "payee", "DE89 3704") != digests.digest(key, "payee", "de893704")
+    assert digests.digest(key, "payee", "DE89 3704") != digests.digest(key, "email", "DE89 3704")
+    assert digests.digest(key, "payee", "DE89 3704") != digests.digest(other, "payee", "DE89 3704")
 
 
 def test_judging_names_the_source_or_why_there_is_none() -> None:
     args = [Endorsed("recipient", "value", "payee"), Endorsed("body", "links", "send.body")]
     sources = Sources(text("pay Eve"), (text("payees: Bob Stone"),), frozenset())
-    known = Sources(None, (), frozenset({endorsement.digest("payee", "Mallory")}))
+    known = Sources(None, (), frozenset({("payee", "mallory")}))
     judged = endorsement.judge(args, {"recipient": "eve", "body": "hi"}, sources)
     assert [(e.argument, e.source, e.endorsed) for e in judged] == [
         ("recipient", "task", True),

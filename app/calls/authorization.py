@@ -139,7 +139,7 @@ async def sources_of(
     run = request.run
     task = None
     if run is not None and run.task:
-        task = endorsement.Text.stored(run.task_words or endorsement.spaced(run.task))
+        task = endorsement.Text.stored(run.task_form or endorsement.formed([run.task]))
     candidates = endorsement.candidates(endorsed, call.arguments)
     if not candidates:
         return endorsement.Sources(task, (), frozenset())
@@ -155,10 +155,8 @@ async def sources_of(
             [d for ds in keyed for d in ds],
             held[0] if held else -1,
         )
-    known = frozenset(  # as ``endorsement`` names them: its digests are never stored
-        endorsement.digest(k, v)
-        for (k, v), ds in zip(candidates, keyed, strict=True)
-        if found.intersection(ds)
+    known = frozenset(
+        candidate for candidate, ds in zip(candidates, keyed, strict=True) if found & set(ds)
     )
     trusted = held[1] if held else ()  # unless the run keeps more than this process holds
     if stored is not None and run is not None:

@@ -29,7 +29,7 @@ from app.catalog.loader import CatalogError, load
 from app.catalog.models import Catalog, Impact, Owner
 from app.catalog.source import Problem, read
 from app.errors import TaintedArguments, ToolgateError, UnendorsedArguments, UnknownTool
-from app.runs import endorsement, provenance
+from app.runs import comparison, endorsement, provenance
 from app.runs.endorsement import Source, Sources, Text
 
 PATTERN = "*_test.yaml"
@@ -239,13 +239,14 @@ def _owner(spec: OwnerSpec | None) -> Owner | None:
     return Owner(spec.tenant, spec.user) if spec is not None else None
 
 
-def _given(catalog: Catalog, run: RunSpec, trusted: bool) -> Iterator[tuple[int, Given]]:
-    """The run's results (numbered from 1) whose tool is ``trusted`` or not; a result of a
-    tool the catalog lacks is untrusted, as every result is unless its tool says so."""
-    for number, given in enumerate(run.results, 1):
+def _told(catalog: Catalog, run: RunSpec | None) -> Iterator[tuple[int, endorsement.Told]]:
+    """What each of the run's results (numbered from 1) told it, as the service's run memory
+    is told (``endorsement.told``): a result of a tool the catalog lacks is untrusted, as
+    every result is unless its tool says so."""
+    for number, given in enumerate(run.results if run is not None else (), 1):
         tool = catalog.tools.get(given.tool)
-        if (tool is not None and tool.result.trusted) == trusted:
-            yield number, given
+        trusted = tool.trusted if tool is not None else ()
+        yield number, endorsement.told(given.result, trusted, given.arguments, succeeded=True)
 
 
 def _recall(catalog: Catalog, run: RunSpec | None, call: PreparedCall) -> provenance.Recall | None:
@@ -256,13 +257,11 @@ def _recall(catalog: Catalog, run: RunSpec | None, call: PreparedCall) -> proven
         return None
     found: dict[int, str] = {}
     forgotten_after = None
-    for number, given in _given(catalog, run, trusted=False):
-        budget = provenance.MAX_WINDOWS - len(found)
-        windows = provenance.remembered(given.result, budget, given.arguments)
-        if windows is None:
+    for number, told in _told(catalog, run):
+        if told.windows is None or len(found) + len(told.windows) > provenance.MAX_WINDOWS:
             forgotten_after = f"result {number}"
             break
-        for window in windows:
+        for window in told.windows:
             found.setdefault(window, f"result {number}")
     return provenance.Recall(run.task, found, forgotten_after)
 
@@ -273,21 +272,20 @@ def _sources(
     endorsed = call.tool.endorsed_args
     if not endorsed:
         return None
-    task = Text.stored(endorsement.spaced(run.task)) if run is not None and run.task else None
+    task = Text.stored(endorsement.formed([run.task])) if run is not None and run.task else None
     trusted: list[Text] = []
     kept = 0
-    for _, given in _given(catalog, run, trusted=True) if run is not None else ():
-        text = endorsement.spaced(" ".join(provenance.strings(given.result)))
-        if text and kept + len(text) <= endorsement.MAX_TRUSTED_CHARS:
-            trusted.append(Text.stored(text))
-            kept += len(text)
+    for _, told in _told(catalog, run):
+        if told.vouched and kept + len(told.vouched) <= endorsement.MAX_TRUSTED_CHARS:
+            trusted.append(Text.stored(told.vouched))
+            kept += len(told.vouched)
     known = {
-        endorsement.digest(kind, value if isinstance(value, str) else value.value)
+        (kind, comparison.form(value if isinstance(value, str) else value.value))
         for kind, values in spec.known.get(caller.tenant, {}).items()
         for value in values
         if isinstance(value, str) or value.user == caller.sub
     }
-    wanted = {endorsement.digest(k, v) for k, v in endorsement.candidates(endorsed, call.arguments)}
+    wanted = set(endorsement.candidates(endorsed, call.arguments))
     return Sources(task, tuple(trusted), frozenset(known & wanted))
 
 

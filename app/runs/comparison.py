@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import ipaddress
 import unicodedata
+from collections.abc import Iterator
 from functools import lru_cache
+from itertools import islice
 from typing import Literal, NamedTuple
 
 import idna
@@ -50,6 +52,10 @@ Kind = Literal["url", "email", "host", "ip", "text"]
 INVISIBLE = "contains invisible characters"
 UNMAPPABLE = "holds a host name that cannot be written in ASCII (IDNA)"
 COMPATIBILITY = "holds a link written in compatibility characters"
+TOO_MANY = "holds more links than are judged one by one"
+MAX_LINKS = 1000
+"""Links a free text may hold to be judged one by one; one with more is never endorsed
+(judging each costs a lookup, and no message a person reads holds that many)."""
 
 _DEFAULT_IGNORABLE = (
     (0x00AD, 0x00AD),
@@ -84,7 +90,10 @@ def flaw(value: str) -> str | None:
     text = unicodedata.normalize("NFC", value)
     if _INVISIBLE.search(text):
         return INVISIBLE
-    if any(link.form is None for link in _found(text)):
+    found = list(islice(_found(text), MAX_LINKS + 1))
+    if len(found) > MAX_LINKS:
+        return TOO_MANY
+    if any(link.form is None for link in found):
         return UNMAPPABLE
     return None
 
@@ -96,17 +105,17 @@ _DOT = "[.\u3002\uff0e\uff61]"
 _SYMBOL = r"\p{So}"
 """Symbols a label may hold all the same (``☃.com``): no valid IDNA name, so such a host is
 found and never endorsed."""
-_LABEL = f"[{_WORD}{_SYMBOL}](?:[{_WORD}{_SYMBOL}_-]*[{_WORD}{_SYMBOL}])?"
+_LABEL = f"[{_WORD}{_SYMBOL}][{_WORD}{_SYMBOL}_-]*+"
 _HOST = f"{_LABEL}(?:{_DOT}{_LABEL})+"
-_ATOM = f"[{_WORD}!#$%&'*+/=?^_`{{|}}~-]+"
-_LOCAL = f'(?:"[^"\\s@]{{1,64}}"|{_ATOM}(?:\\.{_ATOM})*)'
+_ATOM = f"[{_WORD}!#$%&'*+/=?^_`{{|}}~-]++"
+_LOCAL = f'(?:"[^"\\s@]{{1,64}}"|{_ATOM}(?:\\.{_ATOM})*+)'
 _IP6 = r"\[?(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}(?:%[0-9a-z]+)?\]?"
 _FINDER = regex.compile(
     rf"""
-    (?P<url>(?<![{_WORD}])[a-z][a-z0-9+.-]*://[^\s<>"`]+)
+    (?P<url>(?<![{_WORD}+.-])[a-z][a-z0-9+.-]*+://[^\s<>"`]++)
     | (?P<email>(?<![{_WORD}!#$%&'*+/=?^_`{{|}}~.-]){_LOCAL}@{_HOST})
     | (?P<ip6>(?<![{_WORD}:]){_IP6}(?![{_WORD}:]))
-    | (?P<host>(?<![{_WORD}{_SYMBOL}]){_HOST})
+    | (?<![{_WORD}{_SYMBOL}_-])[_-]*+(?P<host>{_HOST})
     """,
     regex.IGNORECASE | regex.VERBOSE,
 )
@@ -196,31 +205,32 @@ def _balanced(url: str) -> str:
     return url
 
 
-def _found(text: str) -> list[Link]:
+def _found(text: str) -> Iterator[Link]:
     """The links of an NFC ``text``, in order, each with its comparison form."""
-    found: list[Link] = []
     for match in _FINDER.finditer(text):
         kind = match.lastgroup
-        start, written = match.start(), match.group()
+        start, written = match.start(kind), match.group(kind)
+        if kind in ("email", "host"):
+            written = written.rstrip("_-")  # Markdown's ``_evil.com_``, a dash after a host
+        end = start + len(written)
         if kind == "url":
             written = _balanced(written)
             if "://" not in written or written.endswith("://"):
                 continue
-            found.append(Link(start, start + len(written), "url", _url_form(written)))
+            yield Link(start, start + len(written), "url", _url_form(written))
         elif kind == "email":
             local, _, host = written.rpartition("@")
             mapped = host_form(host)
             email = None if mapped is None else f"{local.casefold()}@{mapped}"
-            found.append(Link(start, match.end(), "email", email))
+            yield Link(start, end, "email", email)
         elif kind == "ip6":
             mapped = host_form(written)
             if mapped is not None and ":" in mapped:
-                found.append(Link(start, match.end(), "ip", mapped))
+                yield Link(start, end, "ip", mapped)
         elif _is_host(written):
             mapped = host_form(written)
             kind_of: Kind = "ip" if mapped is not None and _IPV4.fullmatch(mapped) else "host"
-            found.append(Link(start, match.end(), kind_of, mapped))
-    return found
+            yield Link(start, end, kind_of, mapped)
 
 
 class Judged(NamedTuple):
@@ -243,7 +253,10 @@ def links(text: str) -> list[Judged]:
     nfc = unicodedata.normalize("NFC", text)
     visible, where = _without_invisible(nfc)
     judged: list[Judged] = []
-    for link in _found(visible):
+    found = list(islice(_found(visible), MAX_LINKS + 1))
+    if len(found) > MAX_LINKS:
+        return [Judged(None, "text", TOO_MANY)]
+    for link in found:
         hidden = where[link.end - 1] - where[link.start] != link.end - 1 - link.start
         reason = INVISIBLE if hidden else (UNMAPPABLE if link.form is None else None)
         span = (where[link.start], where[link.end - 1] + 1)
@@ -251,7 +264,7 @@ def links(text: str) -> list[Judged]:
     seen = {j.form for j in judged}
     compatible = unicodedata.normalize("NFKC", visible)
     if compatible != visible:
-        for link in _found(compatible):
+        for link in islice(_found(compatible), MAX_LINKS):
             if link.form not in seen:
                 judged.append(Judged(None, link.kind, COMPATIBILITY))
                 seen.add(link.form)
@@ -285,7 +298,7 @@ def form(text: str) -> str:
 def kind(text: str) -> Kind:
     """What a value is, compared: one link of the whole value, else ``text``."""
     nfc = " ".join(unicodedata.normalize("NFC", text).split())
-    found = _found(nfc)
+    found = list(islice(_found(nfc), 2))
     if len(found) == 1 and found[0].start == 0 and found[0].end == len(nfc):
         return found[0].kind
     return "text"
@@ -296,10 +309,10 @@ def kind(text: str) -> Kind:
 _CONTINUES = f"[{_WORD}._+@-]"
 _OPENING = "[(\\[{<'\"*_~]"
 _CLOSING = "[.,;:!?)\\]}>'\"*_~]"
-_BEFORE = f"(?:(?<!{_CONTINUES})|(?<=(?:^|\\s){_OPENING}+))"
+_BEFORE = f"(?:(?<!{_CONTINUES})|(?<=(?:^|\\s){_OPENING}{{1,8}}))"
 _AFTER = {
-    "text": f"(?:(?!{_CONTINUES})|(?={_CLOSING}+(?:\\s|$)))",
-    "url": f'(?:(?![^\\s<>"`])|(?={_CLOSING}+(?:\\s|$)))',
+    "text": f"(?:(?!{_CONTINUES})|(?={_CLOSING}{{1,8}}(?:\\s|$)))",
+    "url": f'(?:(?![^\\s<>"`])|(?={_CLOSING}{{1,8}}(?:\\s|$)))',
 }
 _ALNUM = regex.compile(r"[\p{L}\p{N}]+")
 _GROUPS = regex.compile(r"[\p{L}\p{N}]+(?:[ -][\p{L}\p{N}]+)*")

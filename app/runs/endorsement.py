@@ -25,7 +25,6 @@ judged.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, NamedTuple
@@ -156,8 +155,8 @@ class Sources(NamedTuple):
     """The run's task; ``None`` outside a run, or for a run without one."""
     trusted: tuple[Text, ...]
     """Trusted results returned earlier in the run."""
-    known: frozenset[str]
-    """The digests (``digest``) of the candidates that are known values for the caller."""
+    known: frozenset[tuple[str, str]]
+    """The candidates (``candidates``: kind and form) that are known values for the caller."""
 
 
 class Endorsement(NamedTuple):
@@ -180,13 +179,6 @@ class Endorsement(NamedTuple):
         if self.reason is not None:
             found["reason"] = self.reason
         return found
-
-
-def digest(kind: str, value: str) -> str:
-    """A known value's key: its kind and comparison form, hashed, so a sensitive value (a
-    password) is stored and looked up without being kept."""
-    material = f"{kind}\0{comparison.form(value)}".encode()
-    return "sha256:" + hashlib.sha256(material).hexdigest()
 
 
 class _Item(NamedTuple):
@@ -258,7 +250,7 @@ def _source(kind: str, item: _Item, sources: Sources | None) -> Source | None:
         return None
     if sources.task is not None and sources.task.holds(item.form, item.kind):
         return "task"
-    if digest(kind, item.form) in sources.known:  # before the trusted texts: it costs nothing
+    if (kind, item.form) in sources.known:  # before the trusted texts: it costs nothing
         return "known"
     if any(text.holds(item.form, item.kind) for text in sources.trusted):
         return "trusted_result"
