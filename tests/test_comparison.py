@@ -15,13 +15,14 @@ from linkify_it import LinkifyIt
 from linkify_it.tlds import TLDS
 
 from app.runs import comparison
-from app.runs.comparison import form, kind, links, occurs
+from app.runs.comparison import compared, form, links, occurs
 
 CORPUS = Path(__file__).parent / "data" / "messages.txt"
 
 
 def endorsed_by(value: str, source: str) -> bool:
-    return comparison.flaw(value) is None and occurs(form(value), kind(value), form(source))
+    value_form, kind, flaw = compared(value)
+    return flaw is None and occurs(value_form, kind, form(source))
 
 
 # --- the value's form ---------------------------------------------------------------------
@@ -86,11 +87,11 @@ def test_runs_of_digits_next_to_the_match_keep_it_from_being_a_whole_run() -> No
 
 
 def test_a_value_that_cannot_be_compared_says_why() -> None:
-    assert comparison.flaw("bob\u200d@acme.com") == comparison.INVISIBLE
-    assert comparison.flaw("pay \x00 now") == comparison.INVISIBLE
-    assert comparison.flaw("see ☃.com") == comparison.UNMAPPABLE
-    assert comparison.flaw("bob@acme.com") is None
-    assert comparison.flaw("tab\tand\nnewline") is None
+    assert compared("bob\u200d@acme.com").flaw == comparison.INVISIBLE
+    assert compared("pay \x00 now").flaw == comparison.INVISIBLE
+    assert compared("see ☃.com").flaw == comparison.UNMAPPABLE
+    assert compared("bob@acme.com").flaw is None
+    assert compared("tab\tand\nnewline").flaw is None
 
 
 # --- properties -----------------------------------------------------------------------------
@@ -332,4 +333,4 @@ def test_text_crafted_to_backtrack_is_read_in_one_pass(crafted: str) -> None:
 def test_a_text_with_more_links_than_are_judged_is_never_endorsed() -> None:
     many = " ".join(f"h{n}.com" for n in range(comparison.MAX_LINKS + 1))
     assert [link.flaw for link in links(many)] == [comparison.TOO_MANY]
-    assert comparison.flaw(many) == comparison.TOO_MANY
+    assert compared(many).flaw == comparison.TOO_MANY

@@ -16,7 +16,7 @@ import hashlib
 import hmac
 from functools import lru_cache
 
-from app.runs.comparison import form
+from app.runs.comparison import compared
 
 PREFIX = "hmac-sha256:"
 
@@ -30,7 +30,7 @@ def under(key: bytes) -> str:
 
 def digest(key: bytes, kind: str, value: str) -> str:
     """A known value's key under ``key``: its kind and compared form, keyed."""
-    material = f"{kind}\0{form(value)}".encode()
+    material = f"{kind}\0{compared(value).form}".encode()
     return under(key) + hmac.new(key, material, hashlib.sha256).hexdigest()
 
 

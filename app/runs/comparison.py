@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import ipaddress
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from itertools import islice
 from typing import Literal, NamedTuple
@@ -84,18 +84,43 @@ _INVISIBLE = regex.compile(f"[{_INVISIBLE_CLASS}\\p{{Cf}}\\p{{Co}}\\p{{Cn}}]|(?!
 private-use and unassigned code points, and control characters other than whitespace."""
 
 
-def flaw(value: str) -> str | None:
-    """Why ``value`` can never be endorsed, in words an approver reads; ``None``: it can be
-    compared. A control character other than whitespace counts as invisible."""
-    text = unicodedata.normalize("NFC", value)
-    if _INVISIBLE.search(text):
-        return INVISIBLE
-    found = list(islice(_found(text), MAX_LINKS + 1))
+class Compared(NamedTuple):
+    """A value as endorsement compares it (``compared``)."""
+
+    form: str
+    kind: Kind
+    """What it is: one link the whole value makes, or ``text``."""
+    flaw: str | None
+    """Why it can never be endorsed, in words an approver reads; ``None``: it can be."""
+
+
+def compared(value: str) -> Compared:
+    """``value``'s form, kind and flaw, in one pass. A value holding an invisible or a
+    control character other than whitespace, a host with no ASCII form, or more than
+    ``MAX_LINKS`` links is flawed. Values up to ``_CACHED`` characters are remembered: a
+    call's values are judged, and looked up as known values, more than once."""
+    return _compared_cached(value) if len(value) <= _CACHED else _compared(value)
+
+
+_CACHED = 1000
+
+
+@lru_cache(maxsize=4096)
+def _compared_cached(value: str) -> Compared:
+    return _compared(value)
+
+
+def _compared(value: str) -> Compared:
+    nfc = unicodedata.normalize("NFC", value)
+    flaw = INVISIBLE if _INVISIBLE.search(nfc) else None
+    nfc = " ".join(nfc.split())
+    found = list(islice(_found(nfc), MAX_LINKS + 1))
     if len(found) > MAX_LINKS:
-        return TOO_MANY
-    if any(link.form is None for link in found):
-        return UNMAPPABLE
-    return None
+        return Compared("", "text", TOO_MANY)
+    if flaw is None and any(link.form is None for link in found):
+        flaw = UNMAPPABLE
+    whole = len(found) == 1 and found[0].start == 0 and found[0].end == len(nfc)
+    return Compared(_formed(nfc, found), found[0].kind if whole else "text", flaw)
 
 
 # --- links ------------------------------------------------------------------------------
@@ -285,23 +310,20 @@ def form(text: str) -> str:
     nfc = " ".join(unicodedata.normalize("NFC", text).split())
     if nfc.isascii() and "." not in nfc and ":" not in nfc:
         return nfc.lower()  # no link without a dot or a colon
+    return _formed(nfc, _found(nfc))
+
+
+def _formed(nfc: str, found: Iterable[Link]) -> str:
+    """An NFC ``text`` with spacing collapsed, its ``found`` links written in their form and
+    the rest case folded."""
     parts: list[str] = []
     at = 0
-    for link in _found(nfc):
+    for link in found:
         parts.append(nfc[at : link.start].casefold())
         parts.append(link.form if link.form is not None else nfc[link.start : link.end].casefold())
         at = link.end
     parts.append(nfc[at:].casefold())
     return "".join(parts)
-
-
-def kind(text: str) -> Kind:
-    """What a value is, compared: one link of the whole value, else ``text``."""
-    nfc = " ".join(unicodedata.normalize("NFC", text).split())
-    found = list(islice(_found(nfc), 2))
-    if len(found) == 1 and found[0].start == 0 and found[0].end == len(nfc):
-        return found[0].kind
-    return "text"
 
 
 # --- occurrence -------------------------------------------------------------------------

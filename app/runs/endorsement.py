@@ -127,7 +127,7 @@ def trusted_text(result: Any, trusted: tuple[FieldPath, ...], arguments: Any) ->
     """What a trusted result vouches for, stored (``formed``): each value at its trusted
     fields, except those that hold, as a whole token, a value the call itself sent (a
     search that echoes its query vouches for nothing). Empty: nothing."""
-    sent = [(comparison.form(s), comparison.kind(s)) for s in _values(arguments)]
+    sent = [comparison.compared(s)[:2] for s in _values(arguments)]
     kept = []
     for value in trusted_values(result, trusted):
         text = comparison.form(value)
@@ -202,14 +202,9 @@ def _items(arg: Endorsed, value: Any) -> list[list[_Item]]:
         if arg.mode == "links":
             found.append([_Item(j.form, j.kind, j.flaw) for j in comparison.links(text)])
             continue
-        flaw = comparison.flaw(text)
-        item = _Item(None, "text", flaw) if flaw else _Item(*_compared(text), None)
-        found.append([item])
+        value = comparison.compared(text)
+        found.append([_Item(None if value.flaw else value.form, value.kind, value.flaw)])
     return found
-
-
-def _compared(text: str) -> tuple[str, Kind]:
-    return comparison.form(text), comparison.kind(text)
 
 
 def candidates(endorsed: Iterable[Endorsed], arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
