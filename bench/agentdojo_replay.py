@@ -65,11 +65,16 @@ from typing import Any, NamedTuple
 
 import httpx
 import yaml
-from agentdojo.attacks.base_attacks import FixedJailbreakAttack
-from agentdojo.attacks.important_instructions_attacks import ImportantInstructionsAttack
-from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime
-from agentdojo.task_suite.load_suites import get_suite
-from agentdojo.task_suite.task_suite import read_suite_file
+
+try:
+    from agentdojo.attacks.base_attacks import FixedJailbreakAttack
+    from agentdojo.attacks.important_instructions_attacks import ImportantInstructionsAttack
+    from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+    from agentdojo.task_suite.task_suite import read_suite_file
+except ModuleNotFoundError:  # --help needs no agentdojo; a replay does (its venv, above)
+    if not {"-h", "--help"} & set(sys.argv):
+        raise
 from aiohttp import web
 from pydantic_core import to_jsonable_python
 
