@@ -57,7 +57,7 @@ MAX_LINKS = 1000
 """Links a free text may hold to be judged one by one; one with more is never endorsed
 (judging each costs a lookup, and no message a person reads holds that many)."""
 
-_DEFAULT_IGNORABLE = (
+DEFAULT_IGNORABLE = (
     (0x00AD, 0x00AD),
     (0x034F, 0x034F),
     (0x061C, 0x061C),
@@ -78,7 +78,7 @@ _DEFAULT_IGNORABLE = (
 )
 """Unicode's default-ignorable code points (DerivedCoreProperties), which render as nothing;
 some are letters (a Hangul filler), so categories alone would miss them."""
-_INVISIBLE_CLASS = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _DEFAULT_IGNORABLE)
+_INVISIBLE_CLASS = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in DEFAULT_IGNORABLE)
 _INVISIBLE = regex.compile(f"[{_INVISIBLE_CLASS}\\p{{Cf}}\\p{{Co}}\\p{{Cn}}]|(?!\\s)\\p{{Cc}}")
 """What renders as nothing or is no character yet: default-ignorable and format characters,
 private-use and unassigned code points, and control characters other than whitespace."""

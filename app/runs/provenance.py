@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app import evidence
+from app.runs.comparison import DEFAULT_IGNORABLE
 
 WINDOW = 8
 """Characters per window; also the shortest argument that is judged."""
@@ -58,26 +59,7 @@ not fit is not remembered, and from then on every judged argument of the run is 
 
 _INVISIBLE = frozenset(
     chr(code)
-    for first, last in (
-        (0x00AD, 0x00AD),
-        (0x034F, 0x034F),
-        (0x061C, 0x061C),
-        (0x115F, 0x1160),
-        (0x17B4, 0x17B5),
-        (0x180B, 0x180F),
-        (0x200B, 0x200F),
-        (0x202A, 0x202E),
-        (0x2060, 0x206F),
-        (0x2800, 0x2800),
-        (0x3164, 0x3164),
-        (0xFE00, 0xFE0F),
-        (0xFEFF, 0xFEFF),
-        (0xFFA0, 0xFFA0),
-        (0xFFF0, 0xFFF8),
-        (0x1BCA0, 0x1BCA3),
-        (0x1D173, 0x1D17A),
-        (0xE0000, 0xE0FFF),
-    )
+    for first, last in (*DEFAULT_IGNORABLE, (0x2800, 0x2800))
     for code in range(first, last + 1)
 )
 """Unicode's default-ignorable code points, which render as nothing, and the braille
