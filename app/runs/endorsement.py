@@ -34,7 +34,6 @@ from app.catalog.models import Endorsed
 from app.catalog.trusted import WHOLE, FieldPath, trusted_values
 from app.runs import comparison, provenance
 from app.runs.comparison import Kind
-from app.runs.provenance import strings
 
 Source = Literal["task", "trusted_result", "known"]
 MAX_TRUSTED_CHARS = 262_144
@@ -127,25 +126,13 @@ def trusted_text(result: Any, trusted: tuple[FieldPath, ...], arguments: Any) ->
     """What a trusted result vouches for, stored (``formed``): each value at its trusted
     fields, except those that hold, as a whole token, a value the call itself sent (a
     search that echoes its query vouches for nothing). Empty: nothing."""
-    sent = [comparison.compared(s)[:2] for s in _values(arguments)]
+    sent = [comparison.compared(s)[:2] for s in trusted_values(arguments, WHOLE)]
     kept = []
     for value in trusted_values(result, trusted):
         text = comparison.form(value)
         if text and not any(comparison.occurs(v, k, text) for v, k in sent):
             kept.append(text)
     return "\n".join(kept)
-
-
-def _values(arguments: Any) -> Iterable[str]:
-    """The strings and numbers of the call's arguments (object keys are the catalog's)."""
-    if isinstance(arguments, Mapping):
-        for item in arguments.values():
-            yield from _values(item)
-    elif isinstance(arguments, list):
-        for item in arguments:
-            yield from _values(item)
-    else:
-        yield from strings(arguments)
 
 
 class Sources(NamedTuple):
