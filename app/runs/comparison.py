@@ -14,7 +14,7 @@ full-width letters is ``evil.com``, the same host for every resolver), IP addres
 canonical text. Accents, marks, compatibility letters outside a host, and punctuation stay
 significant.
 
-**Invisible characters** (``flaw``): a value holding a default-ignorable, format or control
+**Invisible characters** (``compared``): a value holding a default-ignorable, format or control
 character (a zero-width space, a soft hyphen, a bidi control, a variation selector) is never
 endorsed: IDNA would drop some of them, and none is anything a person can check.
 
