@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from linkify_it import LinkifyIt
 from linkify_it.tlds import TLDS
 
-from app.runs import comparison
+from app.catalog.models import Endorsed
+from app.runs import comparison, endorsement
 from app.runs.comparison import compared, form, links, occurs
 
 CORPUS = Path(__file__).parent / "data" / "messages.txt"
@@ -334,3 +335,5 @@ def test_a_text_with_more_links_than_are_judged_is_never_endorsed() -> None:
     many = " ".join(f"h{n}.com" for n in range(comparison.MAX_LINKS + 1))
     assert [link.flaw for link in links(many)] == [comparison.TOO_MANY]
     assert compared(many).flaw == comparison.TOO_MANY
+    [judged] = endorsement.judge([Endorsed("body", "links", "mail")], {"body": many}, None)
+    assert judged.reason == f"its value {comparison.TOO_MANY}"

@@ -244,6 +244,8 @@ def _why(arg: Endorsed, judged: list[list[tuple[_Item, Source | None]]], failing
     links are not, and what keeps one from ever being endorsed (never a value)."""
     items = [item for n in failing for item, source in judged[n] if source is None]
     which = f"items {', '.join(map(str, failing))}" if arg.many else "its value"
+    if any(item.flaw == comparison.TOO_MANY for item in items):
+        return f"{which} {comparison.TOO_MANY}"
     if arg.mode == "links":
         of = sum(len(entry) for entry in judged)
         whose = f" of {which}" if arg.many else ""
